@@ -1,0 +1,1 @@
+"""Training invariant checks: determinism, resume, clipping, equivalence and more."""

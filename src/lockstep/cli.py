@@ -1,0 +1,68 @@
+"""The `lockstep` command: a thin argparse front that imports each subcommand lazily.
+
+Each command group lives beside the code it drives (`lockstep.env.cli`, `lockstep.train.cli`,
+...) and exposes `register(subparsers)`, adding parsers whose `func(args) -> int` does the work.
+Heavy imports (torch, deepspeed) happen inside `func`, so `lockstep --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from lockstep import __version__
+from lockstep.errors import EXIT_USAGE, LockstepError
+
+# Modules that add subcommands, in the order a user walks the pipeline.
+COMMAND_MODULES = [
+    "lockstep.env.cli",
+    "lockstep.train.cli",
+    "lockstep.checks.cli",
+    "lockstep.gate.cli",
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits 2 with one line (its default already does; keep the usage short)."""
+
+    def error(self, message: str):  # pragma: no cover - exercised through the CLI tests
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="lockstep",
+        description="Reproducibility and CI for distributed PyTorch, FSDP and DeepSpeed training.",
+    )
+    parser.add_argument("--version", action="version", version=f"lockstep {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # that command group has not landed
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args.func(args) or 0)
+    except LockstepError as err:
+        print(f"lockstep: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("lockstep: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

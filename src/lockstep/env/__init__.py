@@ -1,0 +1,1 @@
+"""Environment: fingerprint one rank, compare ranks, run the pre-launch preflight."""

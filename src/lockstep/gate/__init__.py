@@ -1,0 +1,1 @@
+"""Regression gates: golden metric baselines keyed by environment."""

@@ -1,0 +1,1 @@
+"""Reference training harness: config, model, data, engines, checkpoints, metrics."""
