@@ -77,14 +77,32 @@ def locked_venv(session: nox.Session, lock: str) -> Path:
                 raise
             # torch's CPU build lives on PyTorch's own index, not PyPI.
             session.log(f"retrying with PyTorch's CPU wheel index {TORCH_CPU_INDEX}")
-            session.run(*pip, "--require-hashes", "--extra-index-url", TORCH_CPU_INDEX,
-                        "-r", str(lock_file), external=True)
+            session.run(
+                *pip,
+                "--require-hashes",
+                "--extra-index-url",
+                TORCH_CPU_INDEX,
+                "-r",
+                str(lock_file),
+                external=True,
+            )
         # Remove whatever an older lock installed and this one does not hold.
-        session.run(python, "-m", "piptools", "sync", "-q", "--pip-args", "--no-deps",
-                    str(lock_file), external=True)
+        session.run(
+            python,
+            "-m",
+            "piptools",
+            "sync",
+            "-q",
+            "--pip-args",
+            "--no-deps",
+            str(lock_file),
+            external=True,
+        )
         session.run(*pip, "--no-deps", "-e", str(ROOT), external=True)
         marker.write_text(digest)
-    session.env["PATH"] = os.pathsep.join([str(bin_dir), session.env.get("PATH") or os.environ["PATH"]])
+    session.env["PATH"] = os.pathsep.join(
+        [str(bin_dir), session.env.get("PATH") or os.environ["PATH"]]
+    )
     session.env["VIRTUAL_ENV"] = str(venv)
     return bin_dir
 
@@ -157,14 +175,35 @@ def lock(session: nox.Session) -> None:
         if check:
             shutil.copy(target, out)
         if spec["tool"] == "pip-compile":
-            cmd = [str(bin_dir / "pip-compile"), "--quiet", "--generate-hashes", "--allow-unsafe",
-                   "--strip-extras", "--no-emit-index-url", "--no-emit-find-links",
-                   "-o", str(out), str(source.relative_to(ROOT))]
+            cmd = [
+                str(bin_dir / "pip-compile"),
+                "--quiet",
+                "--generate-hashes",
+                "--allow-unsafe",
+                "--strip-extras",
+                "--no-emit-index-url",
+                "--no-emit-find-links",
+                "-o",
+                str(out),
+                str(source.relative_to(ROOT)),
+            ]
         else:
-            cmd = [str(bin_dir / "uv"), "pip", "compile", "--quiet", "--generate-hashes",
-                   "--python-platform", spec["platform"], "--python-version", spec["python"],
-                   "--custom-compile-command", "nox -s lock", "-o", str(out),
-                   str(source.relative_to(ROOT))]
+            cmd = [
+                str(bin_dir / "uv"),
+                "pip",
+                "compile",
+                "--quiet",
+                "--generate-hashes",
+                "--python-platform",
+                spec["platform"],
+                "--python-version",
+                spec["python"],
+                "--custom-compile-command",
+                "nox -s lock",
+                "-o",
+                str(out),
+                str(source.relative_to(ROOT)),
+            ]
         session.run(*cmd, external=True, env={"CUSTOM_COMPILE_COMMAND": "nox -s lock"})
         if check and _pins(out) != _pins(target):
             stale.append(f"requirements/{target.name} no longer matches requirements/{source.name}")

@@ -14,7 +14,9 @@ import secrets
 from collections.abc import Mapping
 
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
-URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<cred>[^/@\s:]*:[^/@\s]*|[^/@\s:]+)@")
+URL_CREDENTIALS = re.compile(
+    r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<cred>[^/@\s:]*:[^/@\s]*|[^/@\s:]+)@"
+)
 
 _PROCESS_SALT = secrets.token_hex(8)
 
@@ -54,7 +56,9 @@ def redact_mapping(mapping: Mapping[str, object]) -> dict[str, object]:
         if isinstance(value, Mapping):
             out[key] = redact_mapping(value)
         elif isinstance(value, list):
-            out[key] = [redact_mapping(v) if isinstance(v, Mapping) else _leaf(key, v) for v in value]
+            out[key] = [
+                redact_mapping(v) if isinstance(v, Mapping) else _leaf(key, v) for v in value
+            ]
         else:
             out[key] = _leaf(key, value)
     return out
