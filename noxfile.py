@@ -140,15 +140,15 @@ def has_gpu() -> int:
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
     """The CPU tier: every test that needs no GPU, on real gloo process groups."""
-    locked_venv(session, "cpu")
-    session.run("pytest", "-n", "auto", *session.posargs, external=True)
+    bin_dir = locked_venv(session, "cpu")
+    session.run(bin_dir / "pytest", "-n", "auto", *session.posargs, external=True)
 
 
 @nox.session(venv_backend="none")
 def preflight(session: nox.Session) -> None:
     """The main job on its embedded default: preflight two local ranks (gloo, or nccl on GPUs)."""
-    locked_venv(session, "cpu")
-    session.run("lockstep", "preflight", "--nproc", "2", *session.posargs, external=True)
+    bin_dir = locked_venv(session, "cpu")
+    session.run(bin_dir / "lockstep", "preflight", "--nproc", "2", *session.posargs, external=True)
 
 
 @nox.session
