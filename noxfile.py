@@ -205,17 +205,19 @@ def lock(session: nox.Session) -> None:
                 str(source.relative_to(ROOT)),
             ]
         session.run(*cmd, external=True, env={"CUSTOM_COMPILE_COMMAND": "nox -s lock"})
-        if check and _pins(out) != _pins(target):
+        if check and _body(out) != _body(target):
             stale.append(f"requirements/{target.name} no longer matches requirements/{source.name}")
     if stale:
         session.error("; ".join(stale) + " (run: nox -s lock)")
     session.log("locks match their .in files" if check else "locks recompiled")
 
 
-def _pins(lock_file: Path) -> dict[str, tuple[str, frozenset[str]]]:
-    """name -> (version, hashes): what a lock pins, comments and header ignored."""
-    pins = {}
-    for match in re.finditer(PIN, lock_file.read_text(), flags=re.M):
-        hashes = frozenset(re.findall(r"--hash=(\S+)", match.group(3)))
-        pins[match.group(1).lower()] = (match.group(2), hashes)
-    return pins
+def _body(lock_file: Path) -> str:
+    """A lock without its header: the pins, their hashes and the `# via` lines.
+
+    The `# via` lines name the `.in` file that asks for each package, so adding a requirement
+    that an existing pin already satisfies still shows as a change.
+    """
+    text = lock_file.read_text()
+    first = re.search(r"^[A-Za-z0-9_.-]+==", text, flags=re.M)
+    return text[first.start() :] if first else ""
