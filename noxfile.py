@@ -146,8 +146,11 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def preflight(session: nox.Session) -> None:
-    """The main job on its embedded default: preflight two local ranks (gloo, or nccl on GPUs)."""
-    bin_dir = locked_venv(session, "cpu")
+    """The main job on its embedded default: preflight two local ranks (gloo, or nccl on GPUs).
+
+    On a machine with NVIDIA GPUs it installs the CUDA lock, elsewhere the CPU lock.
+    """
+    bin_dir = locked_venv(session, "cuda" if has_gpu() else "cpu")
     session.run(bin_dir / "lockstep", "preflight", "--nproc", "2", *session.posargs, external=True)
 
 

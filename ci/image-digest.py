@@ -1,0 +1,54 @@
+"""Print the reference to launch an image by, NAME@sha256:..., from a bake metadata file.
+
+    docker buildx bake -f docker/docker-bake.hcl --metadata-file out/bake.json --push cpu
+    python ci/image-digest.py out/bake.json cpu     # -> registry/lockstep-cpu@sha256:...
+
+`containerimage.digest` is the manifest digest a registry serves (what every node pulls by);
+the tag is dropped because a digest reference names exactly one image. With one target in the
+file the target name may be left out. Exit 2 with one line when the file does not say.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+USAGE = "usage: image-digest.py METADATA_JSON [TARGET]"
+
+
+def launch_reference(metadata: dict, target: str | None) -> str:
+    # bake also writes top-level entries that are not targets (buildx.build.warnings).
+    metadata = {name: entry for name, entry in metadata.items() if isinstance(entry, dict)}
+    if target is None:
+        if len(metadata) != 1:
+            raise ValueError(f"name a target, the file holds {sorted(metadata)}")
+        (target,) = metadata
+    if target not in metadata:
+        raise ValueError(f"no target {target!r} in the file (it holds {sorted(metadata)})")
+    entry = metadata[target]
+    digest = entry.get("containerimage.digest", "")
+    names = [n for n in entry.get("image.name", "").split(",") if n]
+    if not digest.startswith("sha256:") or not names:
+        raise ValueError(f"target {target!r} has no image.name and containerimage.digest")
+    name = names[0]
+    repository = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
+    return f"{repository}@{digest}"
+
+
+def main(argv: list[str]) -> int:
+    if not 1 <= len(argv) <= 2:
+        print(USAGE, file=sys.stderr)
+        return 2
+    path = Path(argv[0])
+    try:
+        metadata = json.loads(path.read_text())
+        print(launch_reference(metadata, argv[1] if len(argv) > 1 else None))
+    except (OSError, ValueError) as err:
+        print(f"image-digest: error: {path}: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
