@@ -1,0 +1,96 @@
+"""Per-step metric trajectories: read them, compare them, find the first divergence.
+
+A trajectory is the list of per-optimizer-step records a run wrote as JSONL (`step` plus
+metrics such as `loss`, `grad_norm`, `lr`). Comparison is exact by default (rtol = atol = 0:
+bitwise on CPU) and reports the first step where a metric differs, with both values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from lockstep.errors import UsageError
+
+DEFAULT_METRICS = ("loss", "grad_norm", "lr")
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first place two trajectories disagree."""
+
+    step: int
+    metric: str
+    expected: float | str | None
+    actual: float | str | None
+
+    def describe(self, expected_name: str = "expected", actual_name: str = "actual") -> str:
+        return (
+            f"step {self.step}: {self.metric} {expected_name}={self.expected!r} "
+            f"{actual_name}={self.actual!r}"
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """Read a metrics JSONL file; a missing or corrupt file is bad input, named."""
+    if not path.is_file():
+        raise UsageError(f"no metrics at {path}: the script must write LOCKSTEP_METRICS on rank 0")
+    records = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{path}:{lineno}: not a JSON object ({exc.msg})") from None
+        if not isinstance(record, dict) or "step" not in record:
+            raise UsageError(f"{path}:{lineno}: each line needs at least 'step' and 'loss'")
+        records.append(record)
+    return records
+
+
+def by_step(records: list[dict]) -> dict[int, dict]:
+    """Index records by step; a resumed run that re-logs a step keeps the last record."""
+    return {int(r["step"]): r for r in records}
+
+
+def _close(a, b, rtol: float, atol: float) -> bool:
+    if a is None or b is None or isinstance(a, str) or isinstance(b, str):
+        return a == b
+    if math.isnan(a) or math.isnan(b):
+        return False
+    return abs(a - b) <= atol + rtol * abs(b)
+
+
+def first_divergence(
+    expected: list[dict],
+    actual: list[dict],
+    metrics: tuple[str, ...] = DEFAULT_METRICS,
+    steps: range | None = None,
+    rtol: float = 0.0,
+    atol: float = 0.0,
+) -> Divergence | None:
+    """The first (step, metric) where `actual` differs from `expected`, or None.
+
+    Only metrics present in `expected` are compared. A step present in one and missing in
+    the other is a divergence too (metric `step`).
+    """
+    want, got = by_step(expected), by_step(actual)
+    wanted_steps = sorted(want) if steps is None else [s for s in steps]
+    for step in wanted_steps:
+        if step not in want or step not in got:
+            return Divergence(
+                step, "step", step if step in want else None, step if step in got else None
+            )
+        for metric in metrics:
+            if metric not in want[step]:
+                continue
+            a, b = want[step][metric], got[step].get(metric)
+            if not _close(b, a, rtol, atol):
+                return Divergence(step, metric, a, b)
+    return None
