@@ -1,0 +1,271 @@
+"""The main loop of one rank process of the warm pool.
+
+A rank starts once (spawn start method), joins the pool's default process group through a
+FileStore in the pool's directory, then runs the test bodies the pytest process sends until
+the pipe closes. Around every test it puts back what a test may change (environment, working
+directory, sys.path, RNG seeds, torch global modes, extra process groups) so each test sees a
+rank as fresh as a new process. This module imports no torch at import time: the pytest
+process imports it too.
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import faulthandler
+import importlib.machinery
+import importlib.util
+import os
+import pickle
+import random
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+# The pool sends this signal to a hung rank; faulthandler answers with every thread's stack.
+STACKS_SIGNAL = signal.SIGUSR1
+PASSED, FAILED, SKIPPED, XFAILED = "passed", "failed", "skipped", "xfailed"
+
+
+@dataclass(frozen=True)
+class Task:
+    """One test body for every rank, with the pytest process's context at the time."""
+
+    module_name: str
+    module_path: str
+    class_name: str | None  # qualified name of the test class, None for a plain function
+    function_name: str
+    argnames: tuple[str, ...]
+    kwargs: bytes  # pickled values of the fixtures computed in the pytest process
+    env: dict[str, str]
+    cwd: str
+    sys_path: list[str]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one rank reports for one test."""
+
+    rank: int
+    status: str  # passed | failed | skipped | xfailed (the pool adds died | hung)
+    message: str = ""  # the traceback, or the reason of a skip
+    pool_intact: bool = True  # False when the test destroyed or replaced the default group
+    output: str = ""  # the rank's stdout and stderr during the test, filled in by the pool
+
+
+def log_path(pool_dir: Path, rank: int) -> Path:
+    return pool_dir / f"rank{rank}.log"
+
+
+def stacks_path(pool_dir: Path, rank: int) -> Path:
+    return pool_dir / f"rank{rank}.stacks"
+
+
+def main(conn, rank: int, world_size: int, backend: str, pool_dir: str, env: dict, parent_pid: int):
+    """Entry point of a rank process (the target of a spawn-context Process).
+
+    `env` holds the rank's launcher variables (RANK, WORLD_SIZE, ...), set as torchrun would
+    and kept across the per-test environment reset.
+    """
+    _die_with_parent(parent_pid)
+    os.setsid()  # own process group: the pool kills the rank and its children together
+    pool = Path(pool_dir)
+    _redirect_output(log_path(pool, rank))
+    stacks = open(stacks_path(pool, rank), "w")  # noqa: SIM115 - lives as long as the rank
+    faulthandler.enable(stacks, all_threads=True)
+    faulthandler.register(STACKS_SIGNAL, stacks, all_threads=True, chain=False)
+    os.environ.update(env)
+    try:
+        state = _Rank(rank, world_size, backend, pool, env)
+    except BaseException:
+        conn.send(traceback.format_exc())
+        return
+    conn.send(None)  # ready
+    while True:
+        try:
+            task = conn.recv()
+        except EOFError:  # the pytest process closed the pool
+            return
+        conn.send(state.run(task))
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """End this rank when the pytest process ends, even by SIGKILL."""
+    if sys.platform == "linux":
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    else:
+        threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def _redirect_output(path: Path) -> None:
+    """Send fd 1 and 2 to `path`, so each test's output is kept apart from the next one's."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+class _Rank:
+    """A rank's process group and the state it restores after every test."""
+
+    def __init__(self, rank: int, world_size: int, backend: str, pool_dir: Path, env: dict):
+        import torch
+        import torch.distributed as dist
+
+        self.rank, self.world_size, self.pool_dir, self.env = rank, world_size, pool_dir, env
+        if backend == "nccl":
+            self.device = torch.device("cuda", rank)
+            torch.cuda.set_device(self.device)
+            device_id = self.device
+        else:
+            self.device = torch.device("cpu")
+            device_id = None
+        store = dist.FileStore(str(pool_dir / "store"), world_size)
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, device_id=device_id
+        )
+        dist.barrier()
+        self.group = dist.distributed_c10d._get_default_group()
+        self.seed = torch.initial_seed()
+        self.dtype = torch.get_default_dtype()
+        self.deterministic = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
+
+    def run(self, task: Task) -> Outcome:
+        import torch.distributed as dist
+
+        _redirect_output(log_path(self.pool_dir, self.rank))
+        os.environ.clear()
+        os.environ.update(task.env)
+        os.environ.update(self.env)
+        sys.path[:] = task.sys_path
+        try:
+            os.chdir(task.cwd)
+            test = _resolve(task)
+            kwargs = pickle.loads(task.kwargs)
+            given = {"rank": self.rank, "world_size": self.world_size, "device": self.device}
+            kwargs.update({k: v for k, v in given.items() if k in task.argnames})
+            dist.barrier()  # every rank starts the body together
+            test(**kwargs)
+            status, message = PASSED, ""
+        except pytest.skip.Exception as exc:
+            status, message = SKIPPED, exc.msg or ""
+        except pytest.xfail.Exception as exc:
+            status, message = XFAILED, exc.msg or ""
+        except pytest.fail.Exception as exc:
+            status, message = FAILED, exc.msg or ""
+        except BaseException as exc:
+            tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # drop this frame
+            status, message = FAILED, "".join(traceback.format_exception(type(exc), exc, tb))
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        try:
+            intact = self._reset()
+        except Exception:  # a state we cannot undo: the pool is replaced
+            traceback.print_exc()
+            intact = False
+        return Outcome(self.rank, status, message, pool_intact=intact)
+
+    def _reset(self) -> bool:
+        """Undo what the test changed; False when the default group cannot be reused."""
+        import torch
+        import torch.distributed as dist
+
+        c10d = dist.distributed_c10d
+        created = [g for g in c10d._world.pg_map if g not in (self.group, c10d._world.default_pg)]
+        for group in created:
+            dist.destroy_process_group(group)
+        if created:
+            _forget(created)
+        torch.manual_seed(self.seed)  # the seed a fresh process starts with
+        random.seed()
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed()
+        torch.set_default_dtype(self.dtype)
+        torch.set_grad_enabled(True)
+        deterministic = (
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
+        if deterministic != self.deterministic:  # the setter imports torch._dynamo: seconds
+            enabled, warn_only = self.deterministic
+            torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        return c10d._world.default_pg is self.group
+
+
+def _forget(groups: list) -> None:
+    """Drop destroyed groups that libraries cache in module globals (DeepSpeed's
+    `deepspeed.utils.groups._WORLD_GROUP`, dicts of expert groups ...), so that the next test
+    makes new ones instead of using dead ones."""
+    dead = {id(group) for group in groups}
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for name, value in list(namespace.items()):
+            if id(value) in dead:
+                namespace[name] = None
+            elif isinstance(value, dict | list):
+                members = value.values() if isinstance(value, dict) else value
+                if any(id(member) in dead for member in members):
+                    value.clear()
+
+
+def _resolve(task: Task):
+    """The test callable, from the test module imported as pytest imported it."""
+    module = sys.modules.get(task.module_name)
+    if getattr(module, "__file__", None) != task.module_path:
+        module = _import_with_assert_rewriting(task.module_name, task.module_path)
+    if task.class_name is None:
+        return getattr(module, task.function_name)
+    cls = module
+    for part in task.class_name.split("."):
+        cls = getattr(cls, part)
+    return getattr(cls(), task.function_name)
+
+
+class _AssertRewritingLoader(importlib.machinery.SourceFileLoader):
+    """Compiles the test module with pytest's assertion rewriting, as pytest does."""
+
+    def get_code(self, fullname):
+        from _pytest.assertion.rewrite import rewrite_asserts
+
+        source = self.get_data(self.path)
+        tree = ast.parse(source, filename=self.path)
+        rewrite_asserts(tree, source, self.path)
+        return compile(tree, self.path, "exec", dont_inherit=True)
+
+
+def _import_with_assert_rewriting(name: str, path: str):
+    loader = _AssertRewritingLoader(name, path)
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module

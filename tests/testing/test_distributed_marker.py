@@ -1,0 +1,290 @@
+"""The lockstep pytest plugin, driven through real inner pytest processes (pytester).
+
+Each inner run is a subprocess whose ranks inherit a unique LOCKSTEP_TEST_TAG, so a test can
+tell that no process of that run outlived it. Timeouts are short to keep the suite fast.
+"""
+
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture
+def tagged(pytester, monkeypatch, tmp_path):
+    """Tag the inner runs' processes and give them a probe directory; return the tag."""
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv("LOCKSTEP_TEST_TAG", tag)
+    monkeypatch.setenv("PROBE_DIR", str(tmp_path))
+    return tag
+
+
+def processes_tagged(tag: str, wait_s: float = 10.0) -> list[psutil.Process]:
+    """Live (non-zombie) processes carrying `tag`, after waiting up to `wait_s` for none."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for proc in psutil.process_iter():
+            try:
+                if (
+                    proc.status() != psutil.STATUS_ZOMBIE
+                    and proc.environ().get("LOCKSTEP_TEST_TAG") == tag
+                ):
+                    found.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+PASSING = """
+import os, pathlib
+import pytest, torch, torch.distributed as dist
+
+PROBE = pathlib.Path(os.environ["PROBE_DIR"])
+CACHED_GROUP = None  # as libraries (DeepSpeed) cache the groups they create
+
+
+@pytest.mark.distributed(world_size=2)
+def test_pass(rank, world_size, device, tmp_path):
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    assert (t.item(), world_size, device) == (3.0, 2, torch.device("cpu"))
+    assert os.environ["RANK"] == str(rank) and dist.get_rank() == rank
+    (tmp_path / f"rank{rank}").write_text("shared")
+    (PROBE / f"pid{rank}").write_text(str(os.getpid()))
+    print(f"hello from rank {rank}")
+
+
+@pytest.mark.distributed(world_size=2)
+def test_dirty(rank):
+    os.environ["LEAKED"] = "1"
+    os.chdir("/")
+    torch.manual_seed(1234)
+    torch.set_default_dtype(torch.float64)
+    global CACHED_GROUP
+    CACHED_GROUP = dist.new_group([0, 1])
+
+
+@pytest.mark.distributed(world_size=2)
+def test_clean_on_the_warm_pool(rank):
+    assert int((PROBE / f"pid{rank}").read_text()) == os.getpid()  # same rank process
+    assert "LEAKED" not in os.environ and os.getcwd() != "/"
+    assert torch.initial_seed() != 1234 and torch.get_default_dtype() == torch.float32
+    assert len(dist.distributed_c10d._world.pg_map) == 1 and CACHED_GROUP is None
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+@pytest.mark.distributed
+def test_world_sizes(rank, world_size):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == world_size == dist.get_world_size()
+
+
+@pytest.mark.distributed(world_size=2)
+def test_skip_inside(rank):
+    pytest.skip("skipped on every rank")
+
+
+@pytest.mark.distributed(world_size=2, gpus=True)
+def test_gpu(rank):
+    pass
+
+
+@pytest.mark.distributed(world_size=0)
+def test_bad_marker():
+    pass
+
+
+def test_rank_without_marker(rank):
+    pass
+"""
+
+
+def test_passing_tests_share_a_warm_pool(pytester, tagged):
+    pytester.makepyfile(test_passing=PASSING)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", timeout=300)
+    out = result.stdout.str()
+    if torch.cuda.device_count() >= 2:
+        result.assert_outcomes(passed=7, skipped=1, errors=2)
+    else:
+        result.assert_outcomes(passed=6, skipped=2, errors=2)
+        assert "needs 2 GPUs (gpus=True), found" in out
+    assert "rank 0 output" in out and "hello from rank 0" in out
+    assert re.search(r"SKIPPED \[1\] test_passing.py:\d+: skipped on every rank", out)
+    assert "world_size must be a positive int, got 0" in section(out, "test_bad_marker")
+    assert "fixture 'rank' needs @pytest.mark.distributed" in out
+    assert processes_tagged(tagged) == []
+
+
+FAILING = """
+import os, pathlib, signal
+import pytest, torch.distributed as dist
+
+PROBE = pathlib.Path(os.environ["PROBE_DIR"])
+
+
+@pytest.mark.distributed(world_size=2)
+def test_fail_one(rank):
+    (PROBE / f"pid{rank}").write_text(str(os.getpid()))
+    assert rank == 0, "rank one disagrees"
+
+
+@pytest.mark.distributed(world_size=2)
+def test_rebuilt_after_failure(rank):
+    assert int((PROBE / f"pid{rank}").read_text()) != os.getpid()  # a fresh rank process
+    dist.barrier()
+
+
+@pytest.mark.distributed(world_size=2)
+def test_fail_all(rank):
+    raise ValueError(f"bad value on rank {rank}")
+
+
+@pytest.mark.distributed(world_size=2)
+def test_crash(rank):
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    os._exit(7)
+"""
+
+
+def test_failures_name_every_failing_rank(pytester, tagged):
+    pytester.makepyfile(test_failing=FAILING)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=300)
+    result.assert_outcomes(passed=1, failed=3)
+    out = result.stdout.str()
+
+    one = section(out, "test_fail_one")
+    assert "1 of 2 ranks failed: rank 1 failed" in one
+    assert "AssertionError: rank one disagrees" in one and "assert 1 == 0" in one
+    assert "rank 0 failed" not in one
+
+    both = section(out, "test_fail_all")
+    assert "2 of 2 ranks failed" in both
+    assert "ValueError: bad value on rank 0" in both and "ValueError: bad value on rank 1" in both
+
+    crash = section(out, "test_crash")
+    assert "rank 0 died" in crash and "killed by signal SIGSEGV" in crash
+    assert "Fatal Python error: Segmentation fault" in crash  # faulthandler's crash stack
+    assert "rank 1 died" in crash and "exited with code 7" in crash
+    assert processes_tagged(tagged) == []
+
+
+HANG = """
+import os, pathlib, subprocess, time
+import pytest, torch.distributed as dist
+
+
+@pytest.mark.distributed(world_size=2)
+def test_hang(rank):
+    if rank == 1:
+        child = subprocess.Popen(["sleep", "300"])
+        (pathlib.Path(os.environ["PROBE_DIR"]) / "child").write_text(str(child.pid))
+        while True:
+            time.sleep(0.05)
+    dist.barrier()
+
+
+@pytest.mark.distributed(world_size=2, timeout=60)
+def test_after_hang(rank):
+    time.sleep(2.5)  # longer than the ini timeout: the marker's wins
+    dist.barrier()
+"""
+
+
+def test_hang_shows_every_stack_and_kills_everything(pytester, tagged, tmp_path):
+    pytester.makeini("[pytest]\nlockstep_timeout = 2\n")
+    pytester.makepyfile(test_hang=HANG)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=300)
+    result.assert_outcomes(passed=1, failed=1)
+    out = section(result.stdout.str(), "test_hang")
+    assert "2 of 2 ranks failed: rank 0 hung, rank 1 hung" in out
+    assert "did not finish within the 2 s timeout" in out
+    rank0, rank1 = out.split("----- rank 1 hung -----")
+    assert re.search(r"line \d+ in barrier", rank0) and "in test_hang" in rank0
+    assert "in test_hang" in rank1 and "worker.py" not in rank1
+    assert processes_tagged(tagged) == []
+    assert not psutil.pid_exists(int((tmp_path / "child").read_text())) or (
+        psutil.Process(int((tmp_path / "child").read_text())).status() == psutil.STATUS_ZOMBIE
+    )
+
+
+XDIST = """
+import os
+import pytest, torch, torch.distributed as dist
+
+
+@pytest.mark.parametrize("i", range(4))
+@pytest.mark.distributed(world_size=2)
+def test_sum(rank, i):
+    t = torch.tensor([float(i)])
+    dist.all_reduce(t)
+    assert t.item() == 2 * i
+    assert os.environ["PYTEST_XDIST_WORKER"] in ("gw0", "gw1")
+"""
+
+
+def test_two_xdist_workers(pytester, tagged):
+    pytester.makepyfile(test_xdist=XDIST)
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", "2", "--dist", "load", "-v", timeout=300
+    )
+    result.assert_outcomes(passed=4)
+    out = result.stdout.str()
+    assert "[gw0]" in out and "[gw1]" in out
+    assert processes_tagged(tagged) == []
+
+
+KILLED = """
+import os, pathlib, time
+import pytest
+
+
+@pytest.mark.distributed(world_size=1)
+def test_sleep(rank):
+    (pathlib.Path(os.environ["PROBE_DIR"]) / f"rank{rank}").write_text(str(os.getpid()))
+    time.sleep(300)
+"""
+
+
+def test_ranks_die_with_a_killed_pytest(pytester, tagged, tmp_path):
+    pytester.makepyfile(test_killed=KILLED)
+    inner = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"],
+        cwd=pytester.path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "rank0").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / "rank0").exists(), "the rank never started"
+    finally:
+        inner.send_signal(signal.SIGKILL)
+        inner.wait()
+    assert processes_tagged(tagged) == []
+    orphaned = list(Path(tempfile.gettempdir()).glob(f"lockstep-pool-{inner.pid}-*"))
+    assert orphaned, "the killed session had no chance to remove its pool directory"
+    pytester.runpytest_subprocess("--collect-only", "-q")  # the next session removes it
+    assert not any(path.exists() for path in orphaned)
+
+
+def section(out: str, test: str) -> str:
+    """The failure report of `test` in pytest's output."""
+    match = re.search(rf"_+ (?:ERROR at setup of )?{test} _+\n(.*?)(?=\n_{{3,}} |\n=+ )", out, re.S)
+    assert match, f"no report for {test} in:\n{out}"
+    return match.group(1)
