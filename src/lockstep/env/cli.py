@@ -1,0 +1,147 @@
+"""`lockstep fingerprint`, `lockstep diff`, `lockstep preflight`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lockstep.errors import EXIT_FAIL, EXIT_OK, UsageError
+
+
+def register(subparsers) -> None:
+    fp = subparsers.add_parser(
+        "fingerprint", help="fingerprint this process's environment (one rank)"
+    )
+    fp.add_argument("--json", metavar="PATH", help="write the canonical JSON fingerprint here")
+    fp.add_argument("--lock", metavar="PATH", help="lock file to compare the packages with")
+    fp.set_defaults(func=fingerprint_command)
+
+    diff = subparsers.add_parser("diff", help="fields that differ between two fingerprints")
+    diff.add_argument("a", metavar="A.json")
+    diff.add_argument("b", metavar="B.json")
+    _add_allow(diff)
+    diff.set_defaults(func=diff_command)
+
+    pre = subparsers.add_parser(
+        "preflight",
+        help="check every rank before the real launch (run under any launcher, or --nproc N)",
+        description=(
+            "Run on every rank: local checks, check-in, fingerprint comparison, collectives "
+            "by value, busbw, GPU matmul checksum. Exit 0 ok, 1 mismatch or failed check, "
+            "2 usage or bad input, 3 timeout or missing ranks; the same on every rank."
+        ),
+    )
+    pre.add_argument(
+        "--nproc",
+        type=_positive_int,
+        metavar="N",
+        help="no launcher: start N local ranks through torchrun's launcher API (default 1)",
+    )
+    pre.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=60.0,
+        metavar="S",
+        help="seconds to wait for peers at each step (default 60)",
+    )
+    pre.add_argument("--lock", metavar="PATH", help="lock file every rank must match exactly")
+    pre.add_argument("--json", metavar="PATH", help="write rank 0's full report here")
+    pre.add_argument(
+        "--min-busbw", type=float, metavar="GBPS", help="fail below this all_reduce busbw"
+    )
+    _add_allow(pre)
+    pre.set_defaults(func=preflight_command)
+
+
+def _add_allow(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow",
+        action="append",
+        default=[],
+        metavar="FIELD",
+        help="also ignore this field (dotted name or glob, e.g. env.NCCL_DEBUG); repeatable",
+    )
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+def fingerprint_command(args) -> int:
+    from lockstep.env import fingerprint
+    from lockstep.env.summary import print_fingerprint
+
+    _writable(args.json)
+    fp = fingerprint.collect(lock=_existing(args.lock, "lock file"))
+    if args.json:
+        fingerprint.dump(fp, Path(args.json))
+    print_fingerprint(fp)
+    return EXIT_OK
+
+
+def diff_command(args) -> int:
+    from lockstep.env import compare, fingerprint
+    from lockstep.env.summary import print_diff
+
+    a, b = fingerprint.load(Path(args.a)), fingerprint.load(Path(args.b))
+    ignored = compare.Ignored(args.allow)
+    fields = compare.differing_fields(a, b, ignored)
+    print_diff(fields, args.a, args.b)
+    return EXIT_FAIL if fields else EXIT_OK
+
+
+def preflight_command(args) -> int:
+    from lockstep.env import launcher
+
+    _existing(args.lock, "lock file")
+    _writable(args.json)
+    info = launcher.detect()
+    if info is None:
+        from lockstep.env.launch import launch_local
+
+        return launch_local(args.nproc or 1, _rank_argv(args))
+    if args.nproc is not None:
+        raise UsageError(
+            f"--nproc starts local ranks itself; drop it when running under {info.launcher}"
+        )
+    from lockstep.env.preflight import run_rank
+
+    return run_rank(info, args)
+
+
+def _rank_argv(args) -> list[str]:
+    """The options each embedded rank gets (all but --nproc)."""
+    argv = ["--timeout", str(args.timeout)]
+    for flag, value in (
+        ("--lock", args.lock),
+        ("--json", args.json),
+        ("--min-busbw", args.min_busbw),
+    ):
+        if value is not None:
+            argv += [flag, str(value)]
+    for field in args.allow:
+        argv += ["--allow", field]
+    return argv
+
+
+def _existing(path: str | None, what: str) -> Path | None:
+    if path is None:
+        return None
+    if not Path(path).is_file():
+        raise UsageError(f"{what} {path} does not exist")
+    return Path(path)
+
+
+def _writable(path: str | None) -> None:
+    if path is not None and not Path(path).resolve().parent.is_dir():
+        raise UsageError(f"cannot write {path}: its folder does not exist")

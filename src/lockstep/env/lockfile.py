@@ -1,0 +1,97 @@
+"""Compare the installed distributions with a pip-compile lock (`requirements/*.txt`).
+
+Without `--lock`, the lock is looked up in `requirements/` under the working directory: the
+file whose torch pin carries the installed torch's local version (`+cpu` -> cpu.txt, none ->
+cuda.txt); when neither pins torch that way, none is used. The project itself (`lockstep`) is
+never in its own lock and is left out of the comparison.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from lockstep.env.fingerprint import canonicalize_name
+from lockstep.errors import UsageError
+
+LOCK_CANDIDATES = ("requirements/cpu.txt", "requirements/cuda.txt")
+NOT_LOCKED = {"lockstep"}
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;\\]+)\s*(?:;(.*))?$")
+
+
+def parse_lock(path: Path) -> dict[str, str]:
+    """`name==version` pins of a lock, markers evaluated for this interpreter."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise UsageError(f"cannot read lock file {path}: {err.strerror}") from None
+    pins: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split(" #", 1)[0].strip().rstrip("\\").strip()
+        if not line or line.startswith(("#", "-", "--")):
+            continue
+        match = _PIN.match(line)
+        if not match:
+            raise UsageError(f"{path}:{number}: not a pinned requirement `name==version`: {line}")
+        name, version, marker = match.groups()
+        if marker and not _marker_holds(marker, f"{path}:{number}"):
+            continue
+        pins[canonicalize_name(name)] = version
+    return pins
+
+
+def _marker_holds(marker: str, where: str) -> bool:
+    from packaging.markers import InvalidMarker, Marker  # slow to import; few locks have markers
+
+    try:
+        return Marker(marker.strip()).evaluate()
+    except InvalidMarker:
+        raise UsageError(f"{where}: invalid environment marker: {marker}") from None
+
+
+def find_lock(cwd: Path, torch_version: str) -> Path | None:
+    local = torch_version.partition("+")[2]
+    for candidate in LOCK_CANDIDATES:
+        path = cwd / candidate
+        if path.is_file() and _torch_local(path) == local:
+            return path
+    return None
+
+
+def _torch_local(path: Path) -> str | None:
+    """The local version of the lock's torch pin (`+cpu` -> "cpu"), without a full parse."""
+    match = re.search(r"^torch\s*==\s*([^\s;\\]+)", path.read_text(), re.MULTILINE)
+    return match[1].partition("+")[2] if match else None
+
+
+def compare_lock(path: Path, installed: dict[str, str]) -> dict[str, object]:
+    """Extra, missing and different packages of `installed` against the lock at `path`."""
+    pins = parse_lock(path)
+    have = {name: v for name, v in installed.items() if name not in NOT_LOCKED}
+    extra = {name: have[name] for name in sorted(have.keys() - pins.keys())}
+    missing = {name: pins[name] for name in sorted(pins.keys() - have.keys())}
+    different = {
+        name: {"installed": have[name], "locked": pins[name]}
+        for name in sorted(have.keys() & pins.keys())
+        if not _same_version(have[name], pins[name])
+    }
+    return {
+        "path": str(path),
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "matches": not (extra or missing or different),
+        "extra": extra,
+        "missing": missing,
+        "different": different,
+    }
+
+
+def _same_version(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    from packaging.version import InvalidVersion, Version  # only for spellings that differ
+
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b

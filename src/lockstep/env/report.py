@@ -1,0 +1,172 @@
+"""Render rank 0's preflight report: a rich table, the full JSON, a GitHub step summary.
+
+Every text leaves through `scrub_text`, a last guard for credentials inside URLs; values of
+secret-looking variables were already replaced by salted hashes at collection.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from lockstep.redact import scrub_text
+
+
+def cell(value: object) -> str:
+    """Scrubbed, with rich markup escaped: values like `[W]` are text, not styles."""
+    from rich.markup import escape
+
+    return escape(scrub_text(str(value)))
+
+
+_STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+
+
+def emit(report: dict, json_path: Path | None) -> None:
+    if json_path is not None:
+        json_path.write_text(
+            scrub_text(json.dumps(report, sort_keys=True, indent=2, ensure_ascii=False)) + "\n"
+        )
+    print_console(report)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a") as out:
+            out.write(scrub_text(markdown(report)) + "\n")
+
+
+def outlier_rows(report: dict) -> list[tuple[str, ...]]:
+    """(rank, host, local rank, GPU, field, value, majority value) per outlier rank and field."""
+    rows = []
+    for outlier in report["comparison"]["outliers"]:
+        for ident in outlier["ranks"]:
+            gpu = ident["gpu"]["uuid"] if ident.get("gpu") else "-"
+            for f in outlier["fields"]:
+                rows.append(
+                    (
+                        str(ident["rank"]),
+                        ident["host"],
+                        _show(ident["local_rank"]),
+                        gpu,
+                        f["field"],
+                        _show(f["value"]),
+                        _show(f["expected"]),
+                    )
+                )
+    return rows
+
+
+def _show(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _verdict(report: dict) -> str:
+    ranks, nodes = report["world_size"], len(report["nodes"])
+    head = f"{ranks} rank{'s' if ranks != 1 else ''} on {nodes} node{'s' if nodes != 1 else ''}"
+    verdict = "PASS" if report["ok"] else "FAIL"
+    return f"{verdict}: {head}, {report['launcher']}, {report['backend']}, {report['elapsed_s']} s"
+
+
+def print_console(report: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, soft_wrap=True)
+    nodes = Table(title="lockstep preflight: nodes")
+    for col in ("node", "host", "ranks"):
+        nodes.add_column(col)
+    for node in report["nodes"]:
+        nodes.add_row(_show(node["node"]), node["host"], ",".join(map(str, node["ranks"])))
+    console.print(nodes)
+
+    checks = Table(title="checks")
+    for col in ("check", "status", "ranks", "detail"):
+        checks.add_column(col)
+    for row in _check_rows(report):
+        style = _STATUS_STYLE[row[1]]
+        checks.add_row(row[0], f"[{style}]{row[1]}[/]", row[2], cell(row[3]))
+    console.print(checks)
+
+    rows = outlier_rows(report)
+    if rows:
+        majority = ",".join(map(str, report["comparison"]["majority"]))
+        table = Table(title=f"outliers (majority: ranks {majority})")
+        for col in ("rank", "host", "local rank", "GPU", "field", "value", "majority value"):
+            table.add_column(col)
+        for row in rows:
+            table.add_row(*(cell(c) for c in row))
+        console.print(table)
+
+    if report["bandwidth"]["sizes"]:
+        bw = Table(title="all_reduce busbw (GB/s)")
+        for col in ("size", "slowest rank", "busbw slowest", "busbw fastest"):
+            bw.add_column(col)
+        for row in report["bandwidth"]["sizes"]:
+            bw.add_row(
+                f"{row['bytes'] >> 10} KiB",
+                str(row["slowest_rank"]),
+                f"{row['busbw_gbps_slowest']:.3f}",
+                f"{row['busbw_gbps_fastest']:.3f}",
+            )
+        console.print(bw)
+    for line in report["problems"]:
+        console.print(f"[bold red]problem:[/] {cell(line)}")
+    for line in report["warnings"]:
+        console.print(f"[yellow]warning:[/] {cell(line)}")
+    style = "bold green" if report["ok"] else "bold red"
+    console.print(f"[{style}]{_verdict(report)}[/]")
+
+
+def _check_rows(report: dict) -> list[tuple[str, str, str, str]]:
+    rows = [
+        (c["name"], c["status"], ",".join(map(str, c["ranks"])), c["detail"])
+        for c in report["checks"]
+    ]
+    for name, result in report["collectives"].items():
+        failed = result["failed_ranks"]
+        rows.append(
+            (
+                name,
+                "fail" if failed else "ok",
+                ",".join(map(str, failed)) or "all",
+                "checked by value",
+            )
+        )
+    matmul = report["matmul"]
+    rows.append(("matmul_checksum", matmul["status"], "all", matmul["detail"]))
+    dups = report["comparison"]["duplicate_gpus"]
+    rows.append(
+        (
+            "duplicate_gpu",
+            "fail" if dups else "ok",
+            ";".join(",".join(map(str, d["ranks"])) for d in dups) or "all",
+            "; ".join(f"{d['uuid']} on {d['host']}" for d in dups) or "one rank per GPU",
+        )
+    )
+    return rows
+
+
+def markdown(report: dict) -> str:
+    lines = [f"### lockstep preflight: {_verdict(report)}", ""]
+    lines += ["| check | status | ranks | detail |", "|---|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} | {_md(d)} |" for a, b, c, d in _check_rows(report)]
+    rows = outlier_rows(report)
+    if rows:
+        lines += ["", "| rank | host | local rank | GPU | field | value | majority value |"]
+        lines += ["|---|---|---|---|---|---|---|"]
+        lines += ["| " + " | ".join(_md(c) for c in row) + " |" for row in rows]
+    if report["bandwidth"]["sizes"]:
+        lines += ["", "| size | slowest rank | busbw slowest GB/s | busbw fastest GB/s |"]
+        lines += ["|---|---|---|---|"]
+        lines += [
+            f"| {r['bytes'] >> 10} KiB | {r['slowest_rank']} | {r['busbw_gbps_slowest']} "
+            f"| {r['busbw_gbps_fastest']} |"
+            for r in report["bandwidth"]["sizes"]
+        ]
+    lines += [""] + [f"- **problem**: {_md(p)}" for p in report["problems"]]
+    lines += [f"- warning: {_md(w)}" for w in report["warnings"]]
+    return "\n".join(lines)
+
+
+def _md(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")

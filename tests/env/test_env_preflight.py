@@ -1,0 +1,229 @@
+"""`lockstep preflight` end to end on gloo: real processes, real store, real collectives.
+
+Launches are few: every torch start costs seconds on a small machine, so each test is one
+launch that serves several assertions (one test per launch also keeps pytest-xdist from
+repeating a launch on two workers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SECRET = "planted-secret-7f3a9"
+URL_PASSWORD = "planted-url-pw-55c1"
+LAUNCH_TIMEOUT_S = 240
+_LAUNCHER_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "CROSS_RANK",
+    "SLURM_PROCID",
+    "OMPI_COMM_WORLD_RANK",
+    "MV2_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "PMIX_RANK",
+    "GITHUB_STEP_SUMMARY",
+)
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+    env.update(COLUMNS="400", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def by_hand(world: int, ranks, cwd: Path, args=(), per_rank_env=None, per_rank_args=None):
+    """Start `python -m lockstep preflight` for `ranks` with RANK/WORLD_SIZE/MASTER_*."""
+    port, procs = free_port(), {}
+    for rank in ranks:
+        env = base_env(
+            RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        )
+        env.update((per_rank_env or {}).get(rank, {}))
+        cmd = [sys.executable, "-m", "lockstep", "preflight", *args]
+        cmd += (per_rank_args or {}).get(rank, [])
+        procs[rank] = subprocess.Popen(
+            cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    return port, procs
+
+
+def wait_served(port: int, within_s: float) -> float:
+    """When rank 0's store starts listening: the moment its check-in clock starts."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return time.monotonic()
+        except OSError:
+            time.sleep(0.05)
+    raise AssertionError(f"rank 0 never served its store on port {port}")
+
+
+def finish(procs: dict) -> dict:
+    out = {}
+    for rank, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+        out[rank] = {"rc": proc.returncode, "out": stdout, "err": stderr}
+    return out
+
+
+def all_text(results: dict, *files: Path) -> str:
+    texts = [r["out"] + r["err"] for r in results.values()]
+    return "\n".join(texts + [f.read_text() for f in files if f.exists()])
+
+
+def test_clean_two_ranks_pass_and_leak_no_secret(tmp_path):
+    """The embedded default, `lockstep preflight --nproc 2`, with secrets planted in its env."""
+    summary, report_path = tmp_path / "summary.md", tmp_path / "report.json"
+    env = base_env(
+        GITHUB_STEP_SUMMARY=str(summary),
+        TORCH_PLANTED_TOKEN=SECRET,
+        NCCL_PLANTED_PROXY=f"http://bob:{URL_PASSWORD}@proxy:3128",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "lockstep", "preflight", "--nproc", "2", "--json", str(report_path)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(report_path.read_text())
+    assert report["ok"] and report["world_size"] == 2 and report["backend"] == "gloo"
+    assert report["launcher"] == "torchelastic"
+    # One job-wide salt: the equal secrets hash equal, so the ranks form one group.
+    assert report["comparison"]["groups"] == [[0, 1]]
+    assert all(c["ok"] for c in report["collectives"].values())
+    assert [row["bytes"] for row in report["bandwidth"]["sizes"]] == [256 << 10, 4 << 20]
+    assert report["matmul"]["status"] == "skip" and "no GPU" in report["matmul"]["detail"]
+    assert "PASS: 2 ranks" in proc.stdout and "PASS: 2 ranks" in summary.read_text()
+
+    text = "\n".join([proc.stdout, proc.stderr, report_path.read_text(), summary.read_text()])
+    assert SECRET not in text and URL_PASSWORD not in text
+    env_section = report["fingerprints"]["0"]["sections"]["env"]
+    assert env_section["TORCH_PLANTED_TOKEN"].startswith("<redacted:")
+    assert env_section["NCCL_PLANTED_PROXY"].startswith("http://<redacted:")
+
+
+def test_rank_1_mismatch_exits_1_and_is_named(tmp_path):
+    """Rank 1 alone has an extra env variable, an extra package, a different lock and another
+    secret; the busbw floor is out of reach. One launch, every finding checked."""
+    site = tmp_path / "rank1-site"
+    dist_info = site / "lockstep_probe_pkg-9.9.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: lockstep-probe-pkg\nVersion: 9.9\n"
+    )
+    from lockstep.env.fingerprint import _packages
+
+    installed = _packages(None, tmp_path, "0")["installed"]
+    pins = [f"{n}=={v}" for n, v in sorted(installed.items()) if n != "lockstep"]
+    lock_a, lock_b = tmp_path / "a.txt", tmp_path / "b.txt"
+    lock_a.write_text("\n".join(pins) + "\n")  # exactly what rank 0 has
+    lock_b.write_text("\n".join(p for p in pins if not p.startswith("torch==")) + "\ntorch==1.0\n")
+    summary, report_path = tmp_path / "summary.md", tmp_path / "report.json"
+    _, procs = by_hand(
+        2,
+        [0, 1],
+        tmp_path,
+        args=["--timeout", "60", "--json", str(report_path), "--min-busbw", "1e6"],
+        per_rank_env={
+            0: {"GITHUB_STEP_SUMMARY": str(summary), "TORCH_PLANTED_TOKEN": SECRET},
+            1: {
+                "NCCL_ALGO": "Ring",
+                "PYTHONPATH": str(site),
+                "TORCH_PLANTED_TOKEN": SECRET + "-rank1",
+            },
+        },
+        per_rank_args={0: ["--lock", str(lock_a)], 1: ["--lock", str(lock_b)]},
+    )
+    results = finish(procs)
+    assert {r: res["rc"] for r, res in results.items()} == {0: 1, 1: 1}, results
+
+    report = json.loads(report_path.read_text())
+    (outlier,) = report["comparison"]["outliers"]
+    assert [i["rank"] for i in outlier["ranks"]] == [1]
+    fields = {f["field"]: f for f in outlier["fields"]}
+    table, markdown = results[0]["out"], summary.read_text()
+    for field in ("env.NCCL_ALGO", "packages.installed.lockstep-probe-pkg", "packages.lock.sha256"):
+        assert field in fields
+        rows = [line for line in table.splitlines() if field in line]
+        assert rows and rows[0].split("│")[1].strip() == "1", table
+        assert any(line.startswith("| 1 | ") and field in line for line in markdown.splitlines())
+
+    token = fields["env.TORCH_PLANTED_TOKEN"]  # differing secrets: two hashes, no value
+    assert token["value"] != token["expected"]
+    assert token["value"].startswith("<redacted:") and token["expected"].startswith("<redacted:")
+    assert SECRET not in all_text(results, report_path, summary)
+
+    assert "slowest rank" in report["bandwidth"]["below_min"]
+    assert any("below --min-busbw" in p for p in report["problems"])
+
+
+def test_missing_ranks_exit_3_within_the_timeout(tmp_path):
+    """Rank 2 of 3 never starts; in a second job rank 0 never starts. Nobody hangs.
+
+    The clock starts when rank 0 serves its store (after its slow `import torch`), so the
+    bound holds on a loaded machine too; the timeout is long enough that rank 1, started beside
+    rank 0, arrives in time even when its own start is seconds slower.
+    """
+    timeout = 10
+    port, no_rank_2 = by_hand(3, [0, 1], tmp_path, args=["--timeout", str(timeout)])
+    _, no_rank_0 = by_hand(2, [1], tmp_path, args=["--timeout", "3"])
+    served = wait_served(port, LAUNCH_TIMEOUT_S)
+    results = {0: finish({0: no_rank_2[0]})[0]}
+    elapsed = time.monotonic() - served
+    results[1] = finish({1: no_rank_2[1]})[1]
+    results["lonely"] = finish(no_rank_0)[1]
+    assert {r: res["rc"] for r, res in results.items()} == {0: 3, 1: 3, "lonely": 3}, results
+    assert elapsed < timeout + 10, f"rank 0 took {elapsed:.1f}s after it came up"
+    for rank in (0, 1):
+        err = results[rank]["err"].strip()
+        assert "rank 2 of 3 never checked in" in err and "\n" not in err
+    assert "rank 0 missing" in results["lonely"]["err"]
+
+
+def test_two_nodes_with_two_torchrun_agents(tmp_path):
+    """`--nnodes 2` on one machine: 4 ranks pass and the report groups them by node."""
+    port, report = free_port(), tmp_path / "report.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2"]
+    cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    cmd += ["--rdzv-id", f"two-nodes-{port}", "-m", "lockstep", "preflight"]
+    cmd += ["--timeout", "60", "--json", str(report)]
+    agents = [
+        subprocess.Popen(
+            cmd,
+            env=base_env(),
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outputs = [a.communicate(timeout=LAUNCH_TIMEOUT_S)[0] for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], outputs
+    data = json.loads(report.read_text())
+    assert data["ok"] and data["world_size"] == 4
+    assert sorted((n["node"], n["ranks"]) for n in data["nodes"]) == [(0, [0, 1]), (1, [2, 3])]
+    assert any("PASS: 4 ranks on 2 nodes" in out for out in outputs)
