@@ -35,3 +35,20 @@ def test_unknown_subcommand_is_one_line_exit_2():
 def test_no_command_prints_help_and_exits_2(capsys):
     assert main([]) == 2
     assert "usage: lockstep" in capsys.readouterr().out
+
+
+def test_deepspeed_launcher_local_rank_argument_becomes_local_rank(monkeypatch):
+    import os
+
+    from lockstep.cli import _take_local_rank
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert _take_local_rank(["--local_rank=3", "preflight", "--nproc", "2"]) == [
+        "preflight",
+        "--nproc",
+        "2",
+    ]
+    assert os.environ["LOCAL_RANK"] == "3"
+    monkeypatch.delenv("LOCAL_RANK")
+    assert _take_local_rank(["fingerprint", "--local-rank", "1"]) == ["fingerprint"]
+    assert os.environ["LOCAL_RANK"] == "1"

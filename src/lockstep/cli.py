@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from lockstep import __version__
@@ -48,9 +49,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _take_local_rank(argv: list[str]) -> list[str]:
+    """Drop the `--local_rank=N` the deepspeed launcher appends, keeping it as LOCAL_RANK."""
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if name in ("--local_rank", "--local-rank"):
+            if not eq and i + 1 < len(argv):
+                i, value = i + 1, argv[i + 1]
+            os.environ.setdefault("LOCAL_RANK", value)
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_take_local_rank(sys.argv[1:] if argv is None else argv))
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
