@@ -1,1 +1,10 @@
-"""Reference training harness: config, model, data, engines, checkpoints, metrics."""
+"""Reference training harness: config, model, data, engines, checkpoints, metrics.
+
+Public API (import the submodules; this package imports nothing heavy):
+    config.load_config(path, overrides) / config.from_dict(data) -> RunConfig
+    trainer.run_training(cfg, out_dir, stop_at=None, capture_state=False) -> TrainResult
+    trainer.Trainer(cfg, out_dir): train(), train_step(), save(), engine, stream, close()
+    engines.Engine: step(), full_parameters(), full_optimizer_state(), lr(), save(), load()
+    checkpoint.find / verify / check_compatible;  metrics.read_metrics, StepMetrics
+    deepspeed_config.generate / problems
+"""

@@ -1,0 +1,241 @@
+"""The run config: one TOML file, validated by pydantic, overridable with `--set key=value`.
+
+Every error names the bad key and is one line, so `lockstep train` can exit 2 before any rank
+starts. Checks that need the world size (batch arithmetic) live in `RunConfig.check(world)`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from lockstep.errors import UsageError
+
+ENGINES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
+ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
+# Engine options that only one family understands; setting them elsewhere is a mistake.
+ENGINE_ONLY = {
+    "find_unused_parameters": ("ddp",),
+    "bucket_cap_mb": ("ddp",),
+    "reshard_after_forward": ("fsdp",),
+    "cpu_offload": ("fsdp",),
+    "offload_optimizer": ("zero1", "zero2", "zero3"),
+    "offload_params": ("zero3",),
+    "ds_config": ("zero1", "zero2", "zero3"),
+}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    preset: Literal["gpt2-tiny", "llama-tiny", "gpt2-small-bench"] = "gpt2-tiny"
+    factory: str = Field(
+        "", description="'module:function' returning an nn.Module; wins over preset"
+    )
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="transformers config fields"
+    )
+
+
+class DataConfig(_Section):
+    seq_len: int = Field(32, gt=1)
+    factory: str = Field("", description="'module:function(seq_len, vocab_size) -> Sequence'")
+
+
+class EngineConfig(_Section):
+    name: Literal["ddp", "fsdp", "zero1", "zero2", "zero3"] = "ddp"
+    find_unused_parameters: bool = False
+    bucket_cap_mb: float = Field(25.0, gt=0)
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    ds_config: str = Field(
+        "", description="a user ds_config.json used instead of the generated one"
+    )
+
+
+class OptimizerConfig(_Section):
+    lr: float = Field(1e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.01, ge=0)
+    schedule: Literal["constant", "linear", "cosine"] = "cosine"
+    warmup_steps: int = Field(2, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+
+
+class BatchConfig(_Section):
+    micro_size: int = Field(4, gt=0, description="sequences per rank per micro step")
+    grad_accum: int = Field(0, ge=0, description="micro steps per optimizer step; 0: derive")
+    global_size: int = Field(0, ge=0, description="sequences per optimizer step; 0: derive")
+
+
+class ClipConfig(_Section):
+    max_norm: float = Field(1.0, ge=0, description="0 disables clipping (the norm is still logged)")
+    norm_type: float = Field(2.0, description="2 or inf (inf: ddp and fsdp only)")
+
+
+class CheckpointConfig(_Section):
+    every: int = Field(0, ge=0, description="save every N steps; 0: only at the end")
+    at_end: bool = True
+    keep: int = Field(2, ge=1)
+    resume: str = Field("auto", description="auto (latest if any) | never | a checkpoint path")
+    dir: str = Field("", description="default: OUT/checkpoints")
+
+
+class LoggingConfig(_Section):
+    wandb: Literal["offline", "online", "disabled"] = "offline"
+    project: str = "lockstep"
+    run_name: str = ""
+    progress: bool = True
+
+
+class RunConfig(_Section):
+    seed: int = 1234
+    steps: int = Field(8, gt=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    deterministic: bool = True
+    activation_checkpointing: bool = False
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    batch: BatchConfig = Field(default_factory=BatchConfig)
+    clip: ClipConfig = Field(default_factory=ClipConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def batch_shape(self, world_size: int) -> tuple[int, int, int]:
+        """(micro_size, grad_accum, global_size) for this world size, or a UsageError."""
+        b = self.batch
+        per_micro = b.micro_size * world_size
+        if b.global_size:
+            if b.global_size % per_micro:
+                raise UsageError(
+                    f"batch.global_size={b.global_size} is not divisible by batch.micro_size × "
+                    f"world size = {b.micro_size}×{world_size}; change one of them"
+                )
+            accum = b.global_size // per_micro
+            if b.grad_accum and b.grad_accum != accum:
+                raise UsageError(
+                    f"batch.grad_accum={b.grad_accum} disagrees with batch.global_size="
+                    f"{b.global_size} / ({b.micro_size}×{world_size}) = {accum}; set only one"
+                )
+            return b.micro_size, accum, b.global_size
+        accum = b.grad_accum or 1
+        return b.micro_size, accum, per_micro * accum
+
+    def check(self, world_size: int) -> None:
+        """Everything that can be checked before a rank starts; raises UsageError."""
+        e = self.engine
+        self.batch_shape(world_size)
+        for key in sorted(e.model_fields_set & ENGINE_ONLY.keys()):
+            if (
+                e.name not in ENGINE_ONLY[key]
+                and getattr(e, key) != EngineConfig.model_fields[key].default
+            ):
+                allowed = ", ".join(ENGINE_ONLY[key])
+                raise UsageError(
+                    f"engine.{key} applies to engine {allowed}, not '{e.name}'; remove it"
+                )
+        if self.clip.norm_type not in (2.0, math.inf):
+            raise UsageError(f"clip.norm_type={self.clip.norm_type} is not supported; use 2 or inf")
+        if self.clip.norm_type == math.inf and e.name in ZERO_STAGES:
+            raise UsageError(
+                f"clip.norm_type=inf is not supported by engine '{e.name}' (DeepSpeed clips by the "
+                "L2 norm); use norm_type 2, or engine ddp or fsdp"
+            )
+        device = self.resolved_device()
+        if device == "cpu" and self.precision != "fp32":
+            raise UsageError(f"precision='{self.precision}' needs a GPU; CPU runs use 'fp32'")
+        if e.ds_config and not Path(e.ds_config).is_file():
+            raise UsageError(f"engine.ds_config: no such file {e.ds_config}")
+        for key, spec in (
+            ("model.factory", self.model.factory),
+            ("data.factory", self.data.factory),
+        ):
+            if spec:
+                resolve_factory(spec, key)
+
+
+def resolve_factory(spec: str, key: str):
+    """Import 'module:function' and return the callable; a UsageError names the key."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"{key}='{spec}' must look like 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"{key}='{spec}': cannot import {module_name} ({exc})") from None
+    func = getattr(module, attr, None)
+    if not callable(func):
+        raise UsageError(f"{key}='{spec}': {module_name} has no callable '{attr}'")
+    return func
+
+
+def _parse_value(text: str) -> Any:
+    """A TOML value (`3`, `1e-3`, `true`, `"x"`, `[1, 2]`), else the bare text as a string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set '{item}' must look like section.key=value")
+        node = data
+        *parents, leaf = key.strip().split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise UsageError(f"--set {key}: '{part}' is a value, not a section")
+            node = child
+        node[leaf] = _parse_value(value.strip())
+    return data
+
+
+def _one_line(err: ValidationError, source: str) -> str:
+    parts = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        parts.append(f"{key}: {msg}")
+    return f"{source}: " + "; ".join(parts)
+
+
+def from_dict(data: dict[str, Any], source: str = "config") -> RunConfig:
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        raise UsageError(_one_line(err, source)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
+    """Read a TOML run config, apply `--set` overrides, validate."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML ({exc})") from None
+    return from_dict(apply_overrides(data, list(overrides)), str(path))

@@ -1,0 +1,140 @@
+"""Per-step metrics: rank 0 writes JSONL, logs to wandb (offline unless configured) and shows a
+rich progress bar.
+
+JSONL schema (`metrics.jsonl`, one object per optimizer step; the field names match the
+`LOCKSTEP_METRICS` protocol for user scripts):
+
+    step          int    optimizer step, 1-based
+    loss          float  mean loss over micro batches and ranks
+    grad_norm     float  global gradient norm before clipping (norm type clip.norm_type)
+    clip_coef     float  factor the gradients were multiplied by: min(1, max_norm/(norm+1e-6))
+    lr            float  learning rate used by this step
+    tokens        int    tokens in this step's global batch
+    tokens_per_s  float  tokens / step_time_s
+    step_time_s   float  wall time of the step on rank 0
+    mem_bytes     int    peak GPU memory allocated (cuda) or resident set size (cpu) on rank 0
+    mem_kind      str    "cuda_peak_allocated" or "cpu_rss"
+    loss_scale    float|null  fp16 dynamic loss scale, else null
+    skipped       bool   fp16 overflow: the update was skipped
+
+A resumed run appends to the same file; after a restart from an earlier checkpoint (elastic),
+steps past that checkpoint appear again, and the last row for a step is the one that counts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SCHEMA = "lockstep.train.metrics/1"
+
+
+@dataclass
+class StepMetrics:
+    step: int
+    loss: float
+    grad_norm: float
+    clip_coef: float
+    lr: float
+    tokens: int
+    tokens_per_s: float
+    step_time_s: float
+    mem_bytes: int
+    mem_kind: str
+    loss_scale: float | None
+    skipped: bool
+
+
+def memory(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device), "cuda_peak_allocated"
+    import psutil
+
+    return psutil.Process().memory_info().rss, "cpu_rss"
+
+
+def fingerprint_digests() -> dict[str, str] | None:
+    """Section digests of this rank's environment (`lockstep.env.fingerprint`), if present."""
+    try:
+        from lockstep.env import fingerprint
+    except ImportError:
+        return None
+    try:
+        return dict(fingerprint.collect()["digests"])
+    except Exception as exc:  # the fingerprint must never stop a training run
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+class MetricsSink:
+    """Rank 0's outputs for step metrics; `run_config` must already be redacted."""
+
+    def __init__(
+        self, out_dir: Path, run_config: dict[str, Any], cfg, total_steps: int, start: int
+    ):
+        self.path = out_dir / "metrics.jsonl"
+        self.file = self.path.open("a")
+        self.wandb_run = None
+        if cfg.logging.wandb != "disabled":
+            import wandb
+
+            self.wandb_run = wandb.init(
+                project=cfg.logging.project,
+                name=cfg.logging.run_name or None,
+                dir=str(out_dir),
+                mode=cfg.logging.wandb,
+                config=run_config,  # already redacted
+                reinit="finish_previous",
+            )
+            digests = fingerprint_digests()
+            if digests is not None:
+                self.wandb_run.config.update({"fingerprint": digests})
+        self.progress = None
+        if cfg.logging.progress:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.progress = Progress(
+                TextColumn("step {task.completed}/{task.total}"),
+                BarColumn(),
+                TextColumn("loss {task.fields[loss]}"),
+                TimeRemainingColumn(),
+                transient=False,
+            )
+            self.task = self.progress.add_task(
+                "train", total=total_steps, completed=start, loss="-"
+            )
+            self.progress.start()
+
+    def log(self, m: StepMetrics) -> None:
+        row = asdict(m)
+        self.file.write(json.dumps(row) + "\n")
+        self.file.flush()
+        if self.wandb_run is not None:
+            self.wandb_run.log(
+                {k: v for k, v in row.items() if k not in ("step", "mem_kind")}, step=m.step
+            )
+        if self.progress is not None:
+            self.progress.update(self.task, completed=m.step, loss=f"{m.loss:.4f}")
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+        self.file.close()
+
+
+class NullSink:
+    def log(self, m: StepMetrics) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl, in order."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

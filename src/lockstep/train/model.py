@@ -1,0 +1,80 @@
+"""The model: a transformers causal LM from a config with random weights, or a user's factory.
+
+Nothing is downloaded. Dropout is off in the presets so that every engine computes the same
+function and cross-engine checks can compare losses tightly. The weights depend only on the
+seed, never on the rank or the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from lockstep.train.config import ModelConfig, resolve_factory
+
+_NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "gpt2-tiny": (
+        "gpt2",
+        dict(vocab_size=128, n_positions=64, n_embd=64, n_layer=2, n_head=4, **_NO_DROPOUT),
+    ),
+    "llama-tiny": (
+        "llama",
+        dict(
+            vocab_size=128,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            attention_dropout=0.0,
+        ),
+    ),
+    # Large enough that a CPU step takes ~0.1-0.3 s, for the overhead benchmark.
+    "gpt2-small-bench": (
+        "gpt2",
+        dict(vocab_size=512, n_positions=128, n_embd=256, n_layer=4, n_head=8, **_NO_DROPOUT),
+    ),
+}
+
+
+def build_model(cfg: ModelConfig, seed: int) -> nn.Module:
+    """Build on CPU with `seed` so that every rank and every engine starts from equal weights."""
+    torch.manual_seed(seed)
+    if cfg.factory:
+        model = resolve_factory(cfg.factory, "model.factory")(cfg)
+        if not isinstance(model, nn.Module):
+            from lockstep.errors import UsageError
+
+            raise UsageError(
+                f"model.factory='{cfg.factory}' returned {type(model).__name__}, not an nn.Module"
+            )
+        return model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_type, fields = PRESETS[cfg.preset]
+    hf_config = AutoConfig.for_model(model_type, **{**fields, **cfg.overrides})
+    return AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager")
+
+
+def vocab_size(model: nn.Module) -> int:
+    return model.get_input_embeddings().num_embeddings
+
+
+def block_modules(model: nn.Module) -> list[nn.Module]:
+    """The repeated transformer blocks, found through transformers' `_no_split_modules`."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if blocks:
+        return blocks
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    return list(max(lists, key=len)) if lists else []
+
+
+def causal_lm_loss(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """Next-token loss; models may return a tensor or an object with `.loss` (transformers)."""
+    out = model(input_ids=input_ids, labels=input_ids)
+    return out if isinstance(out, torch.Tensor) else out.loss

@@ -1,0 +1,113 @@
+"""Run config validation: bad configs exit 2 with one line, in the parent, before any rank."""
+
+from pathlib import Path
+
+import pytest
+
+from lockstep.cli import main
+from lockstep.errors import UsageError
+from lockstep.train.config import load_config
+
+SMOKE = Path(__file__).resolve().parents[2] / "smoke"
+
+
+def train_error(capsys, *args: str) -> str:
+    code = main(["train", str(SMOKE / "cpu-ddp.toml"), "--nproc", "2", *args])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lockstep: error: "), err
+    return lines[0]
+
+
+def test_unknown_engine(capsys):
+    line = train_error(capsys, "--set", "engine.name=zero4")
+    assert "engine.name" in line and "zero4" not in line.split(":", 2)[1]
+
+
+def test_batch_not_divisible_by_world_size(capsys):
+    line = train_error(capsys, "--set", "batch.global_size=6", "--set", "batch.grad_accum=0")
+    assert "batch.global_size=6" in line and "4×2" in line
+
+
+def test_zero3_with_ddp_only_option(capsys):
+    line = train_error(
+        capsys, "--set", "engine.name=zero3", "--set", "engine.find_unused_parameters=true"
+    )
+    assert "engine.find_unused_parameters" in line and "zero3" in line
+
+
+def test_missing_model_factory(capsys):
+    line = train_error(capsys, "--set", "model.factory=no_such_module:build")
+    assert "model.factory" in line and "no_such_module" in line
+
+
+def test_unknown_key_is_named(capsys):
+    line = train_error(capsys, "--set", "optimizer.learning_rate=1")
+    assert "optimizer.learning_rate: unknown key" in line
+
+
+def test_inf_norm_rejected_for_zero(capsys):
+    line = train_error(capsys, "--set", "engine.name=zero2", "--set", "clip.norm_type=inf")
+    assert "clip.norm_type=inf" in line
+
+
+def test_missing_config_file(capsys):
+    assert main(["train", "no/such.toml"]) == 2
+    assert "config file not found: no/such.toml" in capsys.readouterr().err
+
+
+def test_set_overrides_parse_toml_values():
+    cfg = load_config(
+        SMOKE / "cpu-zero3.toml",
+        ["steps=3", "optimizer.betas=[0.8, 0.9]", "clip.norm_type=inf", "logging.run_name=abc"],
+    )
+    assert cfg.steps == 3 and cfg.optimizer.betas == (0.8, 0.9)
+    assert cfg.clip.norm_type == float("inf") and cfg.logging.run_name == "abc"
+
+
+def test_batch_shape_derives_accumulation():
+    cfg = load_config(SMOKE / "cpu-ddp.toml", ["batch.global_size=32", "batch.grad_accum=0"])
+    assert cfg.batch_shape(2) == (4, 4, 32)
+    with pytest.raises(UsageError, match="disagrees"):
+        load_config(SMOKE / "cpu-ddp.toml", ["batch.global_size=32"]).batch_shape(2)
+
+
+@pytest.mark.parametrize("engine", ["ddp", "fsdp", "zero1", "zero2", "zero3"])
+def test_shipped_configs_are_valid(engine):
+    for tier in ("cpu", "gpu"):
+        cfg = load_config(SMOKE / f"{tier}-{engine}.toml")
+        assert cfg.engine.name == engine
+        if tier == "cpu":
+            cfg.check(2)
+
+
+def test_half_set_launcher_variables(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert main(["train", str(SMOKE / "cpu-ddp.toml")]) == 2
+    err = capsys.readouterr().err
+    assert "launcher variables half set: RANK present but WORLD_SIZE" in err
+
+
+def test_checkpoint_without_manifest_is_incomplete(tmp_path):
+    from lockstep.train import checkpoint
+
+    (tmp_path / "step_00000004" / "dcp").mkdir(parents=True)
+    with pytest.raises(UsageError, match="step_00000004 is incomplete or corrupt: no readable"):
+        checkpoint.verify(tmp_path / "step_00000004")
+    with pytest.raises(UsageError, match="holds step_00000004 but no 'latest' pointer"):
+        checkpoint.find(tmp_path, "auto")
+    assert checkpoint.find(tmp_path, "never") is None
+
+
+def test_checkpoint_engine_and_world_size_compatibility(tmp_path):
+    from lockstep.train.checkpoint import check_compatible
+
+    written = {"engine": "zero2", "world_size": 2}
+    check_compatible(written, tmp_path, "zero2", 2)
+    check_compatible({"engine": "fsdp", "world_size": 2}, tmp_path, "ddp", 1)  # DCP reshards
+    with pytest.raises(UsageError, match="written by engine 'zero2', this run uses 'fsdp'"):
+        check_compatible(written, tmp_path, "fsdp", 2)
+    with pytest.raises(UsageError, match="universal checkpoint"):
+        check_compatible(written, tmp_path, "zero2", 4)
