@@ -9,27 +9,18 @@ from __future__ import annotations
 
 import logging
 import sys
-import uuid
 
 from lockstep.errors import EXIT_FAIL, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE
+from lockstep.local_ranks import standalone_config
 
 
 def launch_local(nproc: int, rank_argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     # The agent's own INFO/WARNING lines (and its failure dump) repeat what rank 0 prints.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=f"lockstep-preflight-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="127.0.0.1:0",
-        max_restarts=0,
-        monitor_interval=0.1,
-    )
+    config = standalone_config(nproc, "preflight")
     try:
         elastic_launch(config, sys.executable)("-m", "lockstep", "preflight", *rank_argv)
     except ChildFailedError as err:

@@ -8,10 +8,10 @@ rank starts.
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 
 from lockstep.errors import EXIT_FAIL, LockstepError, UsageError
+from lockstep.local_ranks import standalone_config
 from lockstep.train.config import RunConfig, from_dict
 
 SLURM_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
@@ -81,22 +81,12 @@ def rank_main(config: dict, out_dir: str) -> tuple[int, str]:
 def start_local_ranks(cfg: RunConfig, nproc: int, out_dir: Path) -> str:
     """Start `nproc` ranks on this machine, wait for them, return rank 0's summary."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     if cfg.resolved_device() == "cpu":
         os.environ["DS_ACCELERATOR"] = "cpu"
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    launch = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=f"lockstep-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=0,
-        monitor_interval=0.1,
-        start_method="spawn",
-    )
+    launch = standalone_config(nproc, "train", start_method="spawn")
     try:
         results = elastic_launch(launch, rank_main)(cfg.model_dump(mode="json"), str(out_dir))
     except ChildFailedError as exc:
