@@ -227,8 +227,10 @@ def _forget(groups: list) -> None:
         for name, value in list(namespace.items()):
             if id(value) in dead:
                 namespace[name] = None
-            elif isinstance(value, dict | list):
-                members = value.values() if isinstance(value, dict) else value
+            elif type(value) in (dict, list):
+                # Plain containers only: a dict subclass (transformers' lazy auto mappings)
+                # may import modules, or fail, when its values are read.
+                members = dict.values(value) if type(value) is dict else value
                 if any(id(member) in dead for member in members):
                     value.clear()
 
