@@ -1,0 +1,331 @@
+#!/usr/bin/env bash
+# The CPU docker tier, end to end, with a real Docker engine and no registry on the network:
+#   1. engine: use a running one, else install Debian's docker.io and start dockerd
+#      (no iptables, own data root, sockets and pidfile; stopped again on exit);
+#   2. base: debootstrap a minimal Debian bookworm, `docker import` it and push it to a
+#      throwaway local registry, so the build gets its base as tag@sha256:<manifest digest>
+#      through CPU_BASE_IMAGE, exactly as docker/base.lock pins debian:bookworm-slim;
+#   3. wheelhouse: `pip download --require-hashes` against requirements/cpu.txt for CPython 3.11
+#      manylinux, served on loopback; pip inside the build checks every hash again;
+#   4. build the `cpu` target (docker/build-args.sh gives the content-addressed tag), push it to
+#      the local registry and write bake-style metadata; ci/image-digest.py names the digest;
+#   5. run by that digest: the image's lock is byte-identical to requirements/cpu.txt and its
+#      manifest and labels agree; `lockstep preflight --nproc 2`; a 2-rank ZeRO smoke training.
+# Where Docker cannot start, this fails loudly; it never skips.
+#
+# Cached between runs under $LOCKSTEP_DOCKER_CACHE (default ~/.cache/lockstep/docker): the
+# base rootfs tarball, the wheelhouse (keyed by the lock's digest), the engine's data root
+# (its build cache) and the local registry's storage. A fresh machine has none of it.
+# Environment knobs: LOCKSTEP_DOCKER_CACHE, LOCKSTEP_DOCKER_STORAGE (overlay2, else vfs), LOCKSTEP_REGISTRY_PORT (5099),
+# LOCKSTEP_WHEELHOUSE_PORT (5098), LOCKSTEP_DOCKER_SMOKE (smoke/cpu-zero2.toml), PYTHON.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+CACHE=${LOCKSTEP_DOCKER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lockstep/docker}
+REGISTRY_PORT=${LOCKSTEP_REGISTRY_PORT:-5099}
+WHEELHOUSE_PORT=${LOCKSTEP_WHEELHOUSE_PORT:-5098}
+SMOKE_CONFIG=${LOCKSTEP_DOCKER_SMOKE:-smoke/cpu-zero2.toml}
+DEBIAN_MIRROR=${LOCKSTEP_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+PYTHON=${PYTHON:-python3}
+LOCK=requirements/cpu.txt
+REGISTRY=127.0.0.1:${REGISTRY_PORT}
+# CPU_BASE_IMAGE / CPU_TAG / ... arrive from docker/build-args.sh; anything set outside is dropped.
+unset CPU_BASE_IMAGE CUDA_BASE_IMAGE
+
+T0=$SECONDS
+step() { printf '\n== docker-tier [%3ds] %s\n' "$((SECONDS - T0))" "$*"; }
+die() {
+	echo "docker-tier: error: $*" >&2
+	exit 1
+}
+
+mkdir -p "$CACHE"
+exec 9>"$CACHE/tier.lock"
+flock -w 1200 9 || die "another docker tier holds $CACHE/tier.lock"
+RUN_DIR=$(mktemp -d /tmp/lockstep-docker.XXXXXX) # short: dockerd's sockets live under it
+BG_PIDS=()
+DOCKERD_PID=
+
+cleanup() {
+	local status=$?
+	set +e
+	for pid in "${BG_PIDS[@]}"; do kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; done
+	if [[ -n $DOCKERD_PID ]]; then
+		# Keep this run's image and its tagged build stage (the next run's build cache); drop
+		# superseded tags and whatever that leaves dangling.
+		docker images --format '{{.Repository}}:{{.Tag}}' |
+			grep -E '(^|/)lockstep-cpu(-build)?:' |
+			grep -vxF -e "lockstep-cpu:${CPU_TAG:-}" -e "lockstep-cpu-build:${CPU_TAG:-}" |
+			xargs -r docker rmi >/dev/null 2>&1
+		docker image prune -f >/dev/null 2>&1
+		kill "$DOCKERD_PID" 2>/dev/null
+		for _ in $(seq 60); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 1; done
+		kill -0 "$DOCKERD_PID" 2>/dev/null && kill -9 "$DOCKERD_PID"
+		mountpoint -q "$RUN_DIR/exec/netns/default" && umount "$RUN_DIR/exec/netns/default"
+	fi
+	rm -rf "$RUN_DIR"
+	step "finished with exit status $status"
+	exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+port_free() { "$PYTHON" -c 'import socket,sys; socket.create_server(("127.0.0.1", int(sys.argv[1]))).close()' "$1" 2>/dev/null; }
+wait_http() { # URL SECONDS
+	"$PYTHON" - "$1" "$2" <<-'EOF'
+		import sys, time, urllib.request
+		url, deadline = sys.argv[1], time.monotonic() + float(sys.argv[2])
+		while True:
+		    try:
+		        urllib.request.urlopen(url, timeout=2).close()
+		        break
+		    except OSError as err:
+		        if time.monotonic() > deadline:
+		            sys.exit(f"docker-tier: error: {url} did not answer: {err}")
+		        time.sleep(0.3)
+	EOF
+}
+
+# ------------------------------------------------------------------------------- 1. engine
+step "engine"
+missing=()
+command -v docker >/dev/null || missing+=(docker.io)
+command -v debootstrap >/dev/null || missing+=(debootstrap)
+command -v docker-registry >/dev/null || missing+=(docker-registry)
+if ! docker info >/dev/null 2>&1; then
+	command -v dockerd >/dev/null || missing+=(docker.io)
+fi
+if ((${#missing[@]})); then
+	((EUID == 0)) || die "need ${missing[*]} (apt-get install them, or run as root)"
+	echo "installing ${missing[*]} from Debian"
+	apt-get update -q >/dev/null
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+		"${missing[@]}" >"$RUN_DIR/apt.log" 2>&1 || {
+		tail -20 "$RUN_DIR/apt.log" >&2
+		die "apt-get install ${missing[*]} failed"
+	}
+fi
+if docker info >/dev/null 2>&1; then
+	echo "using the running engine ($(docker info --format '{{.ServerVersion}}, {{.Driver}}'))"
+else
+	((EUID == 0)) || die "no Docker engine answers and starting dockerd needs root"
+	export DOCKER_HOST=unix://$RUN_DIR/docker.sock
+	for driver in ${LOCKSTEP_DOCKER_STORAGE:-overlay2 vfs}; do
+		dockerd --iptables=false --ip-masq=false --bridge=none --storage-driver="$driver" \
+			--data-root "$CACHE/engine-$driver" --exec-root "$RUN_DIR/exec" \
+			--pidfile "$RUN_DIR/dockerd.pid" -H "$DOCKER_HOST" >"$RUN_DIR/dockerd.log" 2>&1 &
+		DOCKERD_PID=$!
+		for _ in $(seq 60); do
+			docker info >/dev/null 2>&1 && break
+			kill -0 "$DOCKERD_PID" 2>/dev/null || break
+			sleep 1
+		done
+		docker info >/dev/null 2>&1 && break
+		echo "dockerd with $driver did not start:" >&2
+		tail -5 "$RUN_DIR/dockerd.log" >&2
+		kill "$DOCKERD_PID" 2>/dev/null && wait "$DOCKERD_PID" 2>/dev/null
+		DOCKERD_PID=
+		mountpoint -q "$RUN_DIR/exec/netns/default" && umount "$RUN_DIR/exec/netns/default"
+	done
+	[[ -n $DOCKERD_PID ]] || die "Docker's engine did not start (log above); the docker tier cannot run"
+	echo "started dockerd $(docker info --format '{{.ServerVersion}} ({{.Driver}})') pid $DOCKERD_PID"
+fi
+
+# The registry's storage is cached (a warm push uploads only new layers) and dropped whenever
+# the docker/ files or the lock change, so old image layers do not pile up.
+registry_key=$(cat docker/Dockerfile docker/*.sh docker/*.py "$LOCK" | sha256sum | cut -c1-16)
+if [[ $(cat "$CACHE/registry.key" 2>/dev/null) != "$registry_key" ]]; then
+	rm -rf "$CACHE/registry"
+	echo "$registry_key" >"$CACHE/registry.key"
+fi
+port_free "$REGISTRY_PORT" || die "port $REGISTRY_PORT is taken: set LOCKSTEP_REGISTRY_PORT"
+cat >"$RUN_DIR/registry.yml" <<EOF
+version: 0.1
+log: {level: warn}
+storage: {filesystem: {rootdirectory: $CACHE/registry}}
+http: {addr: "$REGISTRY"}
+EOF
+docker-registry serve "$RUN_DIR/registry.yml" >"$RUN_DIR/registry.log" 2>&1 &
+BG_PIDS+=($!)
+wait_http "http://$REGISTRY/v2/" 30
+
+# ------------------------------------------------------------- 2. wheelhouse (in background)
+# pip download and debootstrap both mostly wait on the network: run them side by side.
+wheelhouse=$CACHE/wheelhouse/cpu-$(sha256sum "$LOCK" | cut -c1-16)
+make_wheelhouse() {
+	if [[ ! -f $wheelhouse/.complete ]]; then
+		platforms=()
+		for minor in $(seq 5 36); do platforms+=(--platform "manylinux_2_${minor}_x86_64"); done
+		download=("$PYTHON" -m pip download --disable-pip-version-check -q --no-deps --require-hashes
+			--python-version 3.11 --implementation cp --abi cp311 --abi abi3 --abi none
+			"${platforms[@]}" --platform manylinux2014_x86_64 --platform manylinux2010_x86_64
+			--platform manylinux1_x86_64 -r "$LOCK" -d "$wheelhouse.partial")
+		rm -rf "$wheelhouse.partial"
+		# torch's CPU build is on PyTorch's own index, not PyPI (this machine has it in find-links).
+		"${download[@]}" 2>"$RUN_DIR/pip.log" ||
+			"${download[@]}" --extra-index-url "$TORCH_CPU_INDEX" 2>>"$RUN_DIR/pip.log" || {
+			grep -v '^WARNING: Location' "$RUN_DIR/pip.log" | tail -20 >&2
+			die "pip download against $LOCK failed"
+		}
+		touch "$wheelhouse.partial/.complete"
+		rm -rf "$wheelhouse"
+		mv "$wheelhouse.partial" "$wheelhouse"
+		find "$CACHE/wheelhouse" -mindepth 1 -maxdepth 1 ! -name "${wheelhouse##*/}" -exec rm -rf {} +
+	else
+		echo "cached $wheelhouse"
+	fi
+	echo "$(find "$wheelhouse" -type f -name '*.*' ! -name .complete | wc -l) files, $(du -sh "$wheelhouse" | cut -f1)"
+}
+step "wheelhouse for $LOCK (in the background)"
+make_wheelhouse >"$RUN_DIR/wheelhouse-make.log" 2>&1 &
+WHEELHOUSE_PID=$!
+BG_PIDS+=("$WHEELHOUSE_PID")
+
+# --------------------------------------------------------------------------------- 3. base
+step "base image (debootstrap bookworm minbase, docker import, push for its digest)"
+rootfs_tar=$CACHE/base/debian-bookworm-minbase.tar
+if [[ ! -s $rootfs_tar ]]; then
+	mkdir -p "$CACHE/base"
+	debootstrap --variant=minbase bookworm "$RUN_DIR/rootfs" "$DEBIAN_MIRROR" \
+		>"$RUN_DIR/debootstrap.log" 2>&1 || {
+		tail -20 "$RUN_DIR/debootstrap.log" >&2
+		die "debootstrap failed"
+	}
+	# As slim as debian:bookworm-slim: no package lists, no downloaded .debs.
+	rm -rf "$RUN_DIR"/rootfs/var/lib/apt/lists/* "$RUN_DIR"/rootfs/var/cache/apt/archives/*.deb
+	tar --numeric-owner -C "$RUN_DIR/rootfs" -cf "$rootfs_tar.partial" .
+	mv "$rootfs_tar.partial" "$rootfs_tar"
+	rm -rf "$RUN_DIR/rootfs"
+else
+	echo "cached rootfs $rootfs_tar"
+fi
+base_name=$REGISTRY/lockstep-base/debian:bookworm-minbase
+if ! docker image inspect "$base_name" >/dev/null 2>&1; then
+	docker import --change 'CMD ["/bin/bash"]' "$rootfs_tar" "$base_name" >/dev/null
+fi
+base_digest=$(docker push "$base_name" | sed -n 's/.*digest: \(sha256:[0-9a-f]\{64\}\).*/\1/p')
+[[ -n $base_digest ]] || die "pushing the base image gave no digest"
+export CPU_BASE_IMAGE=$base_name@$base_digest
+echo "CPU_BASE_IMAGE=$CPU_BASE_IMAGE"
+
+step "wheelhouse ready?"
+wait "$WHEELHOUSE_PID" || {
+	cat "$RUN_DIR/wheelhouse-make.log" >&2
+	die "the wheelhouse could not be made"
+}
+cat "$RUN_DIR/wheelhouse-make.log"
+port_free "$WHEELHOUSE_PORT" || die "port $WHEELHOUSE_PORT is taken: set LOCKSTEP_WHEELHOUSE_PORT"
+"$PYTHON" -m http.server --bind 127.0.0.1 --directory "$wheelhouse" "$WHEELHOUSE_PORT" \
+	>"$RUN_DIR/wheelhouse.log" 2>&1 &
+BG_PIDS+=($!)
+wait_http "http://127.0.0.1:$WHEELHOUSE_PORT/" 30
+
+# -------------------------------------------------------------------------------- 4. build
+set -a
+# shellcheck source=/dev/null
+source <(docker/build-args.sh)
+set +a
+image=lockstep-cpu:$CPU_TAG
+step "build $image"
+# The context holds only what the Dockerfile COPYs (docker/Dockerfile.dockerignore's list), so
+# the legacy builder, which reads no per-Dockerfile ignore file, never sends .venv or .git.
+context=$RUN_DIR/context
+: >"$CACHE/last-build.log"
+mkdir -p "$context"
+tar -c --exclude=__pycache__ --exclude='*.egg-info' pyproject.toml README.md src "$LOCK" \
+	docker/Dockerfile docker/install-lock.sh docker/write-manifest.py docker/check-one-nccl.sh |
+	tar -x -C "$context"
+# The venv stage gets a tag of its own, so pruning dangling images keeps it as build cache.
+for target in cpu-build cpu; do
+	docker build --network host --target "$target" -f "$context/docker/Dockerfile" \
+		-t "${image/lockstep-cpu:/lockstep-${target}:}" \
+		--build-arg CPU_BASE_IMAGE --build-arg CPU_BASE_DIGEST \
+		--build-arg LOCK_SHA256="$CPU_LOCK_SHA256" --build-arg LOCKSTEP_IMAGE="$image" \
+		--build-arg GIT_REVISION --build-arg BUILD_TIME \
+		--build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS="http://127.0.0.1:$WHEELHOUSE_PORT/" \
+		"$context" >>"$CACHE/last-build.log" 2>&1 || {
+		tail -40 "$CACHE/last-build.log" >&2
+		die "docker build --target $target failed (log: $CACHE/last-build.log)"
+	}
+done
+echo "built $(docker image inspect --format '{{.Id}}' "$image")" \
+	"($(grep -c 'Using cache' "$CACHE/last-build.log" || true) steps from the build cache)"
+
+step "push to the local registry; bake-style metadata; launch reference"
+docker tag "$image" "$REGISTRY/$image"
+digest=$(docker push "$REGISTRY/$image" | sed -n 's/.*digest: \(sha256:[0-9a-f]\{64\}\).*/\1/p')
+[[ -n $digest ]] || die "pushing $image gave no digest"
+config_digest=$(docker image inspect --format '{{.Id}}' "$image")
+printf '{"cpu": {"image.name": "%s", "containerimage.digest": "%s", "containerimage.config.digest": "%s"}}\n' \
+	"$REGISTRY/$image" "$digest" "$config_digest" >"$RUN_DIR/bake-metadata.json"
+ref=$("$PYTHON" ci/image-digest.py "$RUN_DIR/bake-metadata.json" cpu)
+docker rmi "$REGISTRY/$image" >/dev/null # the digest reference stays resolvable
+echo "launch reference: $ref"
+
+# --------------------------------------------------------------------------- 5. run by digest
+in_image() { docker run --rm --network host --shm-size=1g "$@"; }
+
+step "identity: lock, manifest and labels"
+in_image "$ref" cat "/etc/lockstep/$LOCK" | cmp - "$LOCK" ||
+	die "the lock in the image differs from $LOCK"
+in_image "$ref" cat /etc/lockstep/image-manifest.json >"$RUN_DIR/manifest.json"
+docker image inspect --format '{{json .Config.Labels}}' "$ref" >"$RUN_DIR/labels.json"
+"$PYTHON" - "$RUN_DIR/manifest.json" "$RUN_DIR/labels.json" <<-'EOF' || die "image identity check failed"
+	import hashlib, json, os, sys
+	manifest = json.load(open(sys.argv[1]))
+	labels = json.load(open(sys.argv[2]))
+	lock = "sha256:" + hashlib.sha256(open("requirements/cpu.txt", "rb").read()).hexdigest()
+	expected = {
+	    "schema": 1,
+	    "image": "lockstep-cpu:" + os.environ["CPU_TAG"],
+	    "base_image": os.environ["CPU_BASE_IMAGE"],
+	    "base_digest": os.environ["CPU_BASE_DIGEST"],
+	    "locks": {"cpu.txt": lock},
+	    "git_revision": os.environ["GIT_REVISION"],
+	    "build_time": os.environ["BUILD_TIME"],
+	}
+	label_pairs = {
+	    "org.opencontainers.image.revision": manifest["git_revision"],
+	    "org.opencontainers.image.created": manifest["build_time"],
+	    "org.opencontainers.image.base.name": manifest["base_image"],
+	    "org.opencontainers.image.base.digest": manifest["base_digest"],
+	    "io.lockstep.image": manifest["image"],
+	    "io.lockstep.lock.cpu.txt": manifest["locks"]["cpu.txt"],
+	}
+	bad = [k for k in expected if manifest.get(k) != expected[k]]
+	bad += [k for k, v in label_pairs.items() if labels.get(k) != v]
+	if bad or set(manifest) != set(expected):
+	    sys.exit(f"manifest/labels disagree on {bad or sorted(set(manifest) ^ set(expected))}")
+	print(json.dumps(manifest, indent=2))
+EOF
+in_image "$ref" lockstep --version
+
+commands=$(in_image "$ref" lockstep --help)
+has_command() { grep -qE "^\s+$1\b|[{,]$1[,}]" <<<"$commands"; }
+
+if has_command preflight; then
+	step "lockstep preflight --nproc 2 (in the image)"
+	in_image "$ref" lockstep preflight --nproc 2
+else
+	step "lockstep preflight is not in this build yet: 2-rank gloo all_reduce through torchrun"
+	in_image "$ref" torchrun --standalone --nproc-per-node 2 --no-python python -c '
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([dist.get_rank() + 1.0])
+dist.all_reduce(t)
+assert t.item() == 3.0, t
+print(f"rank {dist.get_rank()}: all_reduce ok ({t.item()})")
+dist.destroy_process_group()'
+fi
+
+if has_command train; then
+	step "lockstep train $SMOKE_CONFIG --nproc 2 (ZeRO smoke, in the image)"
+	[[ -f $SMOKE_CONFIG ]] || die "$SMOKE_CONFIG is missing: set LOCKSTEP_DOCKER_SMOKE"
+	in_image -v "$ROOT/smoke:/home/lockstep/smoke:ro" "$ref" \
+		lockstep train "$SMOKE_CONFIG" --nproc 2
+else
+	step "lockstep train is not in this build yet: no ZeRO smoke run (NOT a pass of that step)"
+fi
+step "docker tier passed"

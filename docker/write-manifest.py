@@ -1,0 +1,76 @@
+"""Write /etc/lockstep/image-manifest.json: what `lockstep fingerprint` reads to name an image.
+
+Runs inside the image build (stdlib only). It refuses a base image that is not pinned by
+digest, a base digest that is not the reference's, and a lock whose bytes do not match the
+digest given to the image's OCI labels, so the manifest and the labels say the same thing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+
+SCHEMA = 1
+PINNED = re.compile(r"^(?P<name>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")
+
+
+def file_digest(path: Path) -> str:
+    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def build_manifest(args: argparse.Namespace) -> dict:
+    pinned = PINNED.match(args.base_image)
+    if not pinned:
+        raise SystemExit(
+            f"write-manifest: base image {args.base_image!r} is not pinned by digest; "
+            "pass NAME:TAG@sha256:<64 hex> (see docker/base.lock)"
+        )
+    if args.base_digest != pinned["digest"]:
+        raise SystemExit(
+            f"write-manifest: base digest {args.base_digest!r} is not the one in {args.base_image!r}; "
+            "pass both from the same docker/base.lock line"
+        )
+    locks = {}
+    for lock in args.lock:
+        path = Path(lock)
+        locks[path.name] = file_digest(path)
+    if args.expect_lock_sha256 and set(locks.values()) != {args.expect_lock_sha256}:
+        raise SystemExit(
+            f"write-manifest: lock digest {sorted(locks.values())} differs from the build "
+            f"argument {args.expect_lock_sha256}; recompute it from requirements/ (docker/build-args.sh)"
+        )
+    return {
+        "schema": SCHEMA,
+        "image": args.image,
+        "base_image": args.base_image,
+        "base_digest": pinned["digest"],
+        "locks": locks,
+        "git_revision": args.git_revision,
+        "build_time": args.build_time,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--image", required=True, help="image name:tag")
+    parser.add_argument("--base-image", required=True, help="base image tag@sha256:digest")
+    parser.add_argument("--base-digest", required=True, help="sha256:<hex> given to labels")
+    parser.add_argument("--lock", action="append", required=True, help="lock file in the image")
+    parser.add_argument("--expect-lock-sha256", default="", help="sha256:<hex> given to labels")
+    parser.add_argument("--git-revision", required=True)
+    parser.add_argument("--build-time", required=True)
+    parser.add_argument("--out", default="/etc/lockstep/image-manifest.json")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(build_manifest(args), indent=2, sort_keys=True) + "\n")
+    print(out.read_text(), end="", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
