@@ -1,4 +1,5 @@
-"""`lockstep check NAME --script CMD`: training invariant checks on a user's script.
+"""`lockstep check NAME CONFIG` (lockstep's own harness, any engine) and
+`lockstep check NAME --script CMD` (a user's script): training invariant checks.
 
 Exit codes: 0 every check passed, 1 a check failed, 2 bad input (including a script that
 crashes or ignores the protocol), 3 a run timed out.
@@ -14,35 +15,52 @@ from pathlib import Path
 from lockstep.errors import EXIT_FAIL, EXIT_OK, UsageError
 
 SCRIPT_CHECKS = ("determinism", "resume", "world-size")
+HARNESS_CHECKS = (
+    "determinism", "resume", "clip", "equivalence", "world-size", "accumulation", "elastic",
+)  # fmt: skip
+# Checks that need only one launch run together in one launch under `all`.
+SHARED_LAUNCH = ("determinism", "clip", "equivalence", "accumulation")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "check",
-        help="run training invariant checks (determinism, resume, world-size) on your script",
-        description="Launch your training script through torchrun several times and compare "
-        "the per-step metrics it logs with lockstep.track.log (see README, 'Check your own "
-        "training script').",
+        help="run training invariant checks on a run config or on your own script",
+        description="With CONFIG: train lockstep's reference job (any engine) in local ranks "
+        "and check determinism, resume, clip, equivalence, world-size, accumulation or "
+        "elastic. With --script: launch your training script through torchrun several times "
+        "and compare the per-step metrics it logs with lockstep.track.log (determinism, "
+        "resume, world-size; see README, 'Check your own training script').",
     )
-    p.add_argument("name", choices=[*SCRIPT_CHECKS, "all"], help="the check to run")
+    p.add_argument("name", choices=[*HARNESS_CHECKS, "all"], help="the check to run")
+    p.add_argument("config", nargs="?", help="run config (TOML), e.g. smoke/cpu-zero3.toml")
     p.add_argument(
         "--script",
-        required=True,
         metavar="CMD",
-        help="the training command, e.g. 'train.py --lr 3e-4' or 'python -m pkg.train'",
+        help="instead of CONFIG: the training command, e.g. 'train.py --lr 3e-4'",
     )
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="with CONFIG: override a config field (repeatable)",
+    )  # fmt: skip
     p.add_argument("--nproc", type=int, default=2, help="ranks per run (default 2)")
     p.add_argument(
         "--steps",
         type=int,
-        default=8,
-        help="optimizer steps per run; resume stops at half (default 8)",
+        default=None,
+        help="optimizer steps per run; resume stops at half (default: the config's, or 8)",
     )
     p.add_argument(
         "--world-sizes",
         default="1,2",
         metavar="N,N",
         help="world sizes compared by the world-size check (default 1,2)",
+    )
+    p.add_argument(
+        "--resume-nproc",
+        type=int,
+        default=None,
+        help="with CONFIG: resume on this many ranks instead of --nproc (ddp/fsdp reshard)",
     )
     p.add_argument(
         "--rtol",
@@ -68,18 +86,106 @@ def _sizes(text: str) -> list[int]:
 
 
 def run_checks(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from lockstep.checks import script
-
-    if args.nproc < 1 or args.steps < 2:
+    if (args.config is None) == (args.script is None):
+        raise UsageError("give either a run CONFIG or --script CMD (exactly one)")
+    if args.nproc < 1 or (args.steps is not None and args.steps < 2):
         raise UsageError("--nproc must be at least 1 and --steps at least 2")
     sizes = _sizes(args.world_sizes)
     workdir = args.out or Path(tempfile.mkdtemp(prefix="lockstep-check-"))
+    if args.config is not None:
+        results = _harness_checks(args, sizes, workdir)
+    else:
+        results = _script_checks(args, sizes, workdir)
+    if not all(r.passed for r in results):
+        print(f"runs and logs: {workdir}")
+    if args.json:
+        args.json.write_text(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
+    return EXIT_OK if all(r.passed for r in results) else EXIT_FAIL
+
+
+def _report(result) -> None:
+    from rich.console import Console
+
+    console = Console(stderr=False, highlight=False)
+    mark = "[green]PASS[/green]" if result.passed else "[red]FAIL[/red]"
+    console.print(f"{mark} {result.name}: {result.summary}", markup=True)
+    if result.diagnosis and not result.passed:
+        console.print(f"     likely cause: {result.diagnosis}", markup=False)
+
+
+def _harness_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) -> list:
+    """Each check in its own launch (resume: two), the single-launch checks of `all` in one."""
+    from lockstep.checks import harness
+    from lockstep.checks.launch import launch, rank_checks, rank_elastic
+    from lockstep.train.config import load_config
+
+    overrides = list(args.overrides) + ([f"steps={args.steps}"] if args.steps else [])
+    cfg = load_config(args.config, overrides)
+    cfg.check(args.nproc)
+    if args.rtol is not None or args.atol is not None:
+        raise UsageError("--rtol/--atol apply to --script; checks on a CONFIG use fixed tolerances")
+    if args.name in ("elastic", "all") and args.nproc < 2:
+        raise UsageError("the elastic check kills rank 1: run it with --nproc 2 or more")
+    device, nproc = cfg.resolved_device(), args.nproc
+    config = cfg.model_dump(mode="json")
+    # Checks across world sizes keep the global batch of --nproc ranks.
+    _, _, global_size = cfg.batch_shape(nproc)
+    fixed = harness.derive(cfg, batch__global_size=global_size, batch__grad_accum=0)
+    fixed_config = fixed.model_dump(mode="json")
+
+    def ranks(names, n=nproc, config=config, **options):
+        found = launch(
+            rank_checks, (names, config, str(workdir), options), n, device,
+            deterministic=cfg.deterministic,
+        )  # fmt: skip
+        for result in found:
+            _report(result)
+        return found
+
+    names = HARNESS_CHECKS if args.name == "all" else (args.name,)
+    results = []
+    if args.name == "all":
+        results += ranks([n for n in HARNESS_CHECKS if n in SHARED_LAUNCH])
+    for name in names:
+        if name in SHARED_LAUNCH and args.name == "all":
+            continue
+        if name == "resume":
+            half = max(1, cfg.steps // 2)
+            other = args.resume_nproc or nproc
+            fixed.check(other)
+            ranks(["resume-reference"], config=fixed_config, half=half)
+            results += ranks(["resume-compare"], n=other, config=fixed_config, half=half)
+        elif name == "world-size":
+            for n in sizes:
+                fixed.check(n)
+            found = [r for n in sizes for r in ranks(["world-size"], n, fixed_config)]
+            results.append(harness.combine("world-size", found))
+        elif name == "elastic":
+            kill_at = max(1, cfg.steps // 2)
+            outcome = launch(
+                rank_elastic, (config, str(workdir / "elastic"), kill_at), nproc, device,
+                max_restarts=1, deterministic=cfg.deterministic,
+            )  # fmt: skip
+            results.append(harness.judge_elastic(outcome, kill_at))
+            _report(results[-1])
+        else:
+            results += ranks([name])
+    return results
+
+
+def _script_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) -> list:
+    from lockstep.checks import script
+
+    if args.name not in (*SCRIPT_CHECKS, "all"):
+        raise UsageError(
+            f"check '{args.name}' needs a run CONFIG; --script supports {', '.join(SCRIPT_CHECKS)}"
+        )
+    if args.overrides or args.resume_nproc:
+        raise UsageError("--set and --resume-nproc apply to a run CONFIG, not to --script")
+    args.steps = args.steps or 8
     runner = script.ScriptRunner(args.script, workdir, timeout=args.timeout)
     names = SCRIPT_CHECKS if args.name == "all" else (args.name,)
     exact = {"rtol": args.rtol or 0.0, "atol": args.atol or 0.0}
-    console = Console(stderr=False, highlight=False)
     results = []
     for name in names:
         if name == "determinism":
@@ -93,12 +199,5 @@ def run_checks(args: argparse.Namespace) -> int:
             }
             result = script.check_world_size(runner, sizes, args.steps, **tol)
         results.append(result)
-        mark = "[green]PASS[/green]" if result.passed else "[red]FAIL[/red]"
-        console.print(f"{mark} {result.name}: {result.summary}")
-        if result.diagnosis and not result.passed:
-            console.print(f"     likely cause: {result.diagnosis}")
-    if not all(r.passed for r in results):
-        console.print(f"runs and logs: {workdir}")
-    if args.json:
-        args.json.write_text(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
-    return EXIT_OK if all(r.passed for r in results) else EXIT_FAIL
+        _report(result)
+    return results

@@ -1,0 +1,169 @@
+"""Start the ranks of a harness check through torchrun's launcher API and collect rank 0's
+result; the elastic check's ranks, which kill one of themselves and resume after a restart.
+
+One launch runs the several trainings of a check one after another in the same processes,
+so a check pays the process start (several seconds with DeepSpeed) once, not per training.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+from lockstep.errors import EXIT_FAIL, LockstepError
+
+ELASTIC_STATE = "elastic-reference.pt"
+
+
+def launch(
+    fn, args: tuple, nproc: int, device: str, max_restarts: int = 0, deterministic: bool = True
+) -> Any:
+    """Run `fn(*args)` on `nproc` local ranks; rank 0's return value, or a LockstepError."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    if device == "cpu":
+        os.environ["DS_ACCELERATOR"] = "cpu"
+    elif deterministic:  # pinned before NCCL and cuBLAS start (field notes: torchtitan)
+        os.environ.setdefault("NCCL_ALGO", "Ring")
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"lockstep-check-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    try:
+        results = elastic_launch(config, fn)(*args)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        raise LockstepError(
+            f"rank {rank} failed with exit code {failure.exitcode}; its traceback is above",
+            EXIT_FAIL,
+        ) from None
+    for rank in sorted(results):
+        if isinstance(results[rank], LockstepError):
+            raise results[rank]
+    return results[0]
+
+
+def _in_group(device: str, body, attempt: int | None = None):
+    """Run `body()` inside a process group this rank creates and destroys (DeepSpeed keeps
+    the group it first saw, so all trainings of a launch must share one).
+
+    After an elastic restart the agent's store still holds the first attempt's gloo/nccl
+    addresses under the default group's keys, so each attempt gets its own key prefix.
+    """
+    import torch.distributed as dist
+
+    from lockstep.train.trainer import PG_TIMEOUT, join_process_group
+
+    if attempt is None:
+        owned = join_process_group(device)
+    else:
+        store, rank, world = next(dist.rendezvous("env://", timeout=PG_TIMEOUT))
+        dist.init_process_group(
+            "nccl" if device == "cuda" else "gloo",
+            store=dist.PrefixStore(f"lockstep/attempt{attempt}", store),
+            rank=rank,
+            world_size=world,
+            timeout=PG_TIMEOUT,
+        )
+        owned = True
+    try:
+        return body()
+    except LockstepError as err:
+        return LockstepError(str(err), err.exit_code)
+    finally:
+        if owned:
+            dist.destroy_process_group()
+
+
+def rank_checks(names: list[str], config: dict, workdir: str, options: dict) -> list:
+    """One rank of `lockstep check NAME CONFIG`: run the named harness checks in order."""
+    from lockstep.checks import harness
+    from lockstep.train.config import from_dict
+
+    cfg = from_dict(config)
+    out = Path(workdir)
+
+    def body():
+        results = []
+        for name in names:
+            if name == "resume-reference":
+                harness.resume_reference(cfg, out, options["half"])
+                continue
+            if name == "resume-compare":
+                results.append(harness.resume_compare(cfg, out, options["half"]))
+            elif name == "clip":
+                results.append(harness.check_clip_norm_types(cfg, out))
+            else:
+                check = getattr(harness, f"check_{name.replace('-', '_')}")
+                results.append(check(cfg, out))
+        return results
+
+    return _in_group(cfg.resolved_device(), body)
+
+
+def rank_elastic(config: dict, workdir: str, kill_at: int) -> dict | LockstepError:
+    """One rank of the elastic check, under a launch with one restart allowed.
+
+    First attempt: an uninterrupted reference run, then the checkpointed run, during which
+    rank 1 kills itself with SIGKILL after step `kill_at`. The agent restarts every rank;
+    the second attempt resumes from the latest checkpoint and trains to the end.
+    """
+    import torch
+
+    from lockstep.checks import harness
+    from lockstep.checks.state import rows
+    from lockstep.train.config import from_dict
+    from lockstep.train.trainer import Trainer, run_training
+
+    cfg = from_dict(config)
+    out = Path(workdir)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+    def body():
+        if attempt == 0:
+            plain = harness.derive(cfg, checkpoint__at_end=False, checkpoint__every=0,
+                                   checkpoint__resume="never")  # fmt: skip
+            reference = run_training(plain, out / "uninterrupted")
+            if int(os.environ["RANK"]) == 0:
+                torch.save(
+                    {"steps": rows(reference.steps), "digest": reference.param_digest},
+                    out / ELASTIC_STATE,
+                )
+        job = harness.derive(
+            cfg,
+            checkpoint__every=1,
+            checkpoint__resume="auto",
+            checkpoint__dir=str(out / "elastic" / "checkpoints"),
+        )
+        trainer = Trainer(job, out / "elastic")
+        try:
+            start = trainer.step
+            if attempt == 0:
+                trainer.train(stop_at=kill_at)
+                if int(os.environ["RANK"]) == 1:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            result = trainer.train()
+        finally:
+            trainer.close()
+        return {
+            "attempt": attempt,
+            "start_step": start,
+            "steps": rows(result.steps),
+            "digest": result.param_digest,
+            "reference": torch.load(out / ELASTIC_STATE, weights_only=False),
+        }
+
+    return _in_group(cfg.resolved_device(), body, attempt)

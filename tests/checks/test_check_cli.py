@@ -1,0 +1,90 @@
+"""`lockstep check NAME CONFIG`: ranks launched through torchrun's launcher API.
+
+What needs new processes runs here: resume in a second launch (at the same and at another
+world size), elastic with a real SIGKILL and a real restart, and an elastic job whose data
+order depends on the process, which the restart exposes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lockstep.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+QUIET = ["--set", "steps=4", "--set", 'logging.wandb="disabled"', "--set", "logging.progress=false"]
+
+
+def pid_ordered_data(seq_len: int, vocab_size: int) -> list[torch.Tensor]:
+    """A data factory with a classic bug: its order depends on the process (here its pid)."""
+    samples = [(torch.arange(seq_len) * (1 + i % 7) + i) % vocab_size for i in range(64)]
+    random.Random(os.getpid()).shuffle(samples)
+    return samples
+
+
+def check(*args: str, tmp_path: Path) -> tuple[int, list[dict], str]:
+    out = tmp_path / "result.json"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "lockstep", "check", *args, *QUIET, "--out", str(tmp_path / "runs"),
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
+    )  # fmt: skip
+    results = json.loads(out.read_text()) if out.exists() else []
+    return proc.returncode, results, proc.stdout + proc.stderr[-3000:]
+
+
+def test_resume_in_new_processes(tmp_path):
+    code, results, log = check("resume", "smoke/cpu-ddp.toml", tmp_path=tmp_path)
+    assert code == 0, log
+    assert results[0]["passed"] and "bitwise" in results[0]["summary"]
+
+
+def test_fsdp_resume_on_another_world_size(tmp_path):
+    code, results, log = check(
+        "resume", "smoke/cpu-fsdp.toml", "--resume-nproc", "1", tmp_path=tmp_path
+    )
+    assert code == 0, log
+    assert "on 1 ranks" in results[0]["summary"] and "rtol=1e-05" in results[0]["summary"]
+
+
+def test_elastic_sigkill_restart_resume(tmp_path):
+    code, results, log = check("elastic", "smoke/cpu-ddp.toml", tmp_path=tmp_path)
+    assert code == 0, log
+    assert results[0]["passed"] and "SIGKILLed after step 2" in results[0]["summary"]
+    assert "terminated with signal SIGKILL" in log  # the agent saw a real kill
+
+
+def test_elastic_catches_a_process_dependent_data_order(tmp_path):
+    code, results, log = check(
+        "elastic", "smoke/cpu-ddp.toml", "--set", 'data.factory="test_check_cli:pid_ordered_data"',
+        tmp_path=tmp_path,
+    )  # fmt: skip
+    assert code == 1, log
+    assert results[0]["divergence"]["step"] == 3, results
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["resume"], "give either a run CONFIG or --script CMD"),
+        (["resume", "smoke/cpu-ddp.toml", "--script", "train.py"], "exactly one"),
+        (["clip", "--script", "train.py"], "check 'clip' needs a run CONFIG"),
+        (["elastic", "smoke/cpu-ddp.toml", "--nproc", "1"], "run it with --nproc 2"),
+        (["determinism", "no/such.toml"], "config file not found"),
+        (["resume", "smoke/cpu-zero1.toml", "--set", "clip.norm_type=inf"], "norm_type=inf"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["check", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err

@@ -1,0 +1,190 @@
+"""The CPU/gloo tier: every harness check on every engine at world size 2, in-process on the
+plugin's warm ranks, each check next to a deliberately broken trainer it must catch.
+
+The broken variants are patched inside the ranks (`unittest.mock.patch` in the test body),
+so the checks run the very harness code under test with one bug put in.
+"""
+
+import math
+import random
+from unittest import mock
+
+import pytest
+import torch
+
+from lockstep.checks import harness
+from lockstep.train import checkpoint
+from lockstep.train.config import ENGINES, from_dict
+
+pytestmark = pytest.mark.distributed(world_size=2)
+
+# 4 steps, 2 micro batches a step (global batch 16 at 2 ranks), clipping, a cosine schedule.
+BASE = {
+    "device": "cpu",
+    "steps": 4,
+    "optimizer": {"lr": 1e-2, "warmup_steps": 1},
+    "batch": {"micro_size": 4, "grad_accum": 2},
+    "logging": {"wandb": "disabled", "progress": False},
+}
+
+
+def config(engine: str, **engine_options) -> harness.RunConfig:
+    return from_dict({**BASE, "engine": {"name": engine, **engine_options}})
+
+
+def assert_passed(result):
+    assert result.passed, f"{result.summary} | {result.diagnosis}"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_check_on_engine(engine, tmp_path):
+    """determinism, resume, accumulation, world size 2 against the unsharded reference, and
+    forced clipping (norm types 2 and inf on ddp/fsdp) against it: one test per engine, as
+    each DeepSpeed test currently costs a fresh pool (see the report on `_forget`)."""
+    cfg = config(engine)
+    for check in (
+        harness.check_determinism,
+        harness.check_resume,
+        harness.check_accumulation,
+        harness.check_world_size,
+        harness.check_clip_norm_types,
+    ):
+        assert_passed(check(cfg, tmp_path / check.__name__))
+
+
+@pytest.mark.parametrize(
+    "engine,options",
+    [
+        ("fsdp", {"cpu_offload": True}),
+        ("zero2", {"offload_optimizer": True}),
+        ("zero3", {"offload_optimizer": True, "offload_params": True}),
+    ],
+)
+def test_clip_with_cpu_offload(engine, options, tmp_path):
+    assert_passed(harness.check_clip_norm_types(config(engine, **options), tmp_path))
+
+
+def test_equivalence_of_all_engines(tmp_path):
+    assert_passed(harness.check_equivalence(config("ddp"), tmp_path))
+
+
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_world_sizes_one_and_four_against_reference(world_size, tmp_path):
+    # the same global batch of 16 as at 2 ranks: micro 4 × accumulation 4 / 1
+    cfg = from_dict({**BASE, "batch": {"micro_size": 4, "global_size": 16}})
+    assert_passed(harness.check_world_size(cfg, tmp_path))
+
+
+# ------------------------------------------------------------------ broken trainers, caught
+
+
+def test_determinism_catches_unseeded_init(tmp_path):
+    from lockstep.train import trainer
+
+    build = trainer.build_model
+
+    def unseeded(cfg, seed):
+        model = build(cfg, seed)
+        with torch.no_grad():
+            next(model.parameters()).add_(random.SystemRandom().random() * 1e-3)
+        return model
+
+    with mock.patch.object(trainer, "build_model", unseeded):
+        result = harness.check_determinism(config("ddp"), tmp_path)
+    assert not result.passed and result.divergence.step <= 2, result.summary
+
+
+def _forget_scheduler(load):
+    def forgetful(self, path):
+        fresh = self.scheduler.state_dict()
+        client = load(self, path)
+        self.scheduler.load_state_dict(fresh)
+        return client
+
+    return forgetful
+
+
+@pytest.mark.parametrize("bug", ["LR schedule", "RNG", "data position"])
+def test_resume_names_the_state_it_lost(bug, tmp_path):
+    from lockstep.train.data import ShardedStream
+    from lockstep.train.engines.native import NativeEngine
+
+    patches = {
+        "LR schedule": mock.patch.object(
+            NativeEngine, "load", _forget_scheduler(NativeEngine.load)
+        ),
+        "RNG": mock.patch.object(checkpoint, "set_rng_state", lambda state: None),
+        "data position": mock.patch.object(ShardedStream, "load_state_dict", lambda s, d: None),
+    }
+    # dropout on, so that training consumes the RNG and a lost RNG state shows
+    cfg = harness.derive(config("fsdp"), model__overrides={"resid_pdrop": 0.1})
+    with patches[bug]:
+        result = harness.check_resume(cfg, tmp_path)
+    assert not result.passed
+    assert result.diagnosis.startswith("not restored by the resume: " + bug), result.diagnosis
+    assert result.divergence is not None and result.divergence.step == 3
+
+
+@pytest.mark.parametrize("norm_type", [2.0, math.inf])
+def test_clip_catches_a_local_shard_norm(norm_type, tmp_path):
+    """FSDP clipping with the norm of this rank's shard instead of the global norm."""
+    get_total_norm = torch.nn.utils.get_total_norm
+
+    def local(grads, norm_type=2.0, *args, **kwargs):
+        grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
+        return get_total_norm(grads, norm_type, *args, **kwargs)
+
+    cfg = harness.derive(config("fsdp"), clip__norm_type=norm_type)
+    with mock.patch.object(torch.nn.utils, "get_total_norm", local):
+        result = harness.check_clip(cfg, tmp_path)
+    # a local norm is smaller: either the optimizer sees more than max_norm, or the
+    # reported pre-clip norm differs from the reference's
+    assert not result.passed, result.summary
+    caught_after = "after clipping the optimizer saw" in result.summary
+    assert caught_after or result.divergence.metric == "grad_norm", result.summary
+
+
+def test_clip_catches_a_coefficient_that_is_not_applied(tmp_path):
+    """The norm is right but the gradients are not scaled: the post-clip norm shows it."""
+    with mock.patch.object(torch.nn.utils, "clip_grads_with_norm_", lambda *a, **k: None):
+        result = harness.check_clip(config("ddp"), tmp_path)
+    assert not result.passed and "after clipping the optimizer saw" in result.summary
+
+
+def test_equivalence_catches_an_engine_with_another_loss(tmp_path):
+    """FSDP (an FSDPModule has `reshard`) computing a slightly different loss than DDP."""
+    from lockstep.train.engines import native
+
+    loss = native.causal_lm_loss
+
+    def fsdp_only(model, batch):
+        return loss(model, batch) * (1.001 if hasattr(model, "reshard") else 1.0)
+
+    with mock.patch.object(native, "causal_lm_loss", fsdp_only):
+        result = harness.check_equivalence(config("ddp"), tmp_path, engines=("ddp", "fsdp"))
+    assert not result.passed, result.summary
+    assert result.summary.startswith("ddp and fsdp diverge at step 1: loss"), result.summary
+
+
+def test_world_size_catches_a_loss_summed_over_ranks(tmp_path):
+    from lockstep.train.engines import native
+
+    loss = native.causal_lm_loss
+    world = torch.distributed.get_world_size()
+    with mock.patch.object(native, "causal_lm_loss", lambda m, b: loss(m, b) * world):
+        result = harness.check_world_size(config("ddp"), tmp_path)
+    assert not result.passed and result.divergence.metric in ("loss", "grad_norm")
+
+
+def test_accumulation_catches_a_repeated_micro_batch(tmp_path):
+    from lockstep.train.data import ShardedStream
+
+    micro_batches = ShardedStream.micro_batches
+
+    def repeated(self):
+        batches = micro_batches(self)
+        return [batches[0]] * len(batches)
+
+    with mock.patch.object(ShardedStream, "micro_batches", repeated):
+        result = harness.check_accumulation(config("ddp"), tmp_path)
+    assert not result.passed and result.divergence.step == 1, result.summary
