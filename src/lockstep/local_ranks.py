@@ -25,3 +25,25 @@ def standalone_config(nproc: int, name: str, **overrides):
     }
     fields.update(overrides)
     return LaunchConfig(**fields)
+
+
+def run_local(fn, args: tuple, nproc: int, name: str, **overrides) -> dict:
+    """Run `fn(*args)` on `nproc` spawned local ranks; {rank: return value}.
+
+    A rank that fails (an exception, a signal) ends in one LockstepError naming it; its
+    traceback was already printed by torchelastic's error handler.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    from lockstep.errors import EXIT_FAIL, LockstepError
+
+    config = standalone_config(nproc, name, start_method="spawn", **overrides)
+    try:
+        return elastic_launch(config, fn)(*args)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        raise LockstepError(
+            f"rank {rank} failed with exit code {failure.exitcode}; its traceback is above",
+            EXIT_FAIL,
+        ) from None

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import signal
-import uuid
 from pathlib import Path
 from typing import Any
 
-from lockstep.errors import EXIT_FAIL, LockstepError
+from lockstep.errors import LockstepError
+from lockstep.local_ranks import run_local
 
 ELASTIC_STATE = "elastic-reference.pt"
 
@@ -22,34 +22,13 @@ def launch(
     fn, args: tuple, nproc: int, device: str, max_restarts: int = 0, deterministic: bool = True
 ) -> Any:
     """Run `fn(*args)` on `nproc` local ranks; rank 0's return value, or a LockstepError."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     if device == "cpu":
         os.environ["DS_ACCELERATOR"] = "cpu"
     elif deterministic:  # pinned before NCCL and cuBLAS start (field notes: torchtitan)
         os.environ.setdefault("NCCL_ALGO", "Ring")
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=f"lockstep-check-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=max_restarts,
-        monitor_interval=0.1,
-        start_method="spawn",
-    )
-    try:
-        results = elastic_launch(config, fn)(*args)
-    except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        raise LockstepError(
-            f"rank {rank} failed with exit code {failure.exitcode}; its traceback is above",
-            EXIT_FAIL,
-        ) from None
+    results = run_local(fn, args, nproc, "check", max_restarts=max_restarts)
     for rank in sorted(results):
         if isinstance(results[rank], LockstepError):
             raise results[rank]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lockstep.errors import EXIT_FAIL, LockstepError, UsageError
-from lockstep.local_ranks import standalone_config
+from lockstep.errors import LockstepError, UsageError
+from lockstep.local_ranks import run_local
 from lockstep.train.config import RunConfig, from_dict
 
 SLURM_VARS = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
@@ -80,21 +80,10 @@ def rank_main(config: dict, out_dir: str) -> tuple[int, str]:
 
 def start_local_ranks(cfg: RunConfig, nproc: int, out_dir: Path) -> str:
     """Start `nproc` ranks on this machine, wait for them, return rank 0's summary."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
-
     if cfg.resolved_device() == "cpu":
         os.environ["DS_ACCELERATOR"] = "cpu"
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    launch = standalone_config(nproc, "train", start_method="spawn")
-    try:
-        results = elastic_launch(launch, rank_main)(cfg.model_dump(mode="json"), str(out_dir))
-    except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        raise LockstepError(
-            f"rank {rank} failed with exit code {failure.exitcode}; its traceback is above",
-            EXIT_FAIL,
-        ) from None
+    results = run_local(rank_main, (cfg.model_dump(mode="json"), str(out_dir)), nproc, "train")
     code, message = results[0]
     for rank in sorted(results):
         if results[rank][0]:
