@@ -1,7 +1,7 @@
 """`lockstep check NAME CONFIG`: ranks launched through torchrun's launcher API.
 
 What needs new processes runs here: resume in a second launch (at the same and at another
-world size), elastic with a real SIGKILL and a real restart, and an elastic job whose data
+world size: FSDP through DCP, ZeRO through DeepSpeed's universal checkpoint), elastic with a real SIGKILL and a real restart, and an elastic job whose data
 order depends on the process, which the restart exposes.
 """
 
@@ -54,6 +54,18 @@ def test_fsdp_resume_on_another_world_size(tmp_path):
     )
     assert code == 0, log
     assert "on 1 ranks" in results[0]["summary"] and "rtol=1e-05" in results[0]["summary"]
+
+
+def test_zero3_resume_on_another_world_size_through_a_universal_checkpoint(tmp_path):
+    """2 ranks write a ZeRO-3 checkpoint; 1 rank resumes from DeepSpeed's universal checkpoint
+    of it (ds_to_universal), with parameters, optimizer state, LR and data position intact."""
+    code, results, log = check(
+        "resume", "smoke/cpu-zero3.toml", "--resume-nproc", "1", tmp_path=tmp_path
+    )
+    assert code == 0, log
+    assert "on 1 ranks" in results[0]["summary"], results
+    (converted,) = (tmp_path / "runs").rglob("universal/latest_universal")
+    assert (converted.parent / "state" / "zero").is_dir()
 
 
 def test_elastic_sigkill_restart_resume(tmp_path):

@@ -95,9 +95,9 @@ def test_determinism_catches_unseeded_init(tmp_path):
 
 
 def _forget_scheduler(load):
-    def forgetful(self, path):
+    def forgetful(self, path, saved_world_size):
         fresh = self.scheduler.state_dict()
-        client = load(self, path)
+        client = load(self, path, saved_world_size)
         self.scheduler.load_state_dict(fresh)
         return client
 

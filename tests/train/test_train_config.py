@@ -101,13 +101,25 @@ def test_checkpoint_without_manifest_is_incomplete(tmp_path):
     assert checkpoint.find(tmp_path, "never") is None
 
 
-def test_checkpoint_engine_and_world_size_compatibility(tmp_path):
+def test_checkpoint_engine_compatibility(tmp_path):
     from lockstep.train.checkpoint import check_compatible
 
     written = {"engine": "zero2", "world_size": 2}
-    check_compatible(written, tmp_path, "zero2", 2)
-    check_compatible({"engine": "fsdp", "world_size": 2}, tmp_path, "ddp", 1)  # DCP reshards
+    check_compatible(written, tmp_path, "zero2")
+    check_compatible({"engine": "fsdp", "world_size": 2}, tmp_path, "ddp")  # both DCP
     with pytest.raises(UsageError, match="written by engine 'zero2', this run uses 'fsdp'"):
-        check_compatible(written, tmp_path, "fsdp", 2)
-    with pytest.raises(UsageError, match="universal checkpoint"):
-        check_compatible(written, tmp_path, "zero2", 4)
+        check_compatible(written, tmp_path, "fsdp")
+    with pytest.raises(UsageError, match="written by engine 'zero2', this run uses 'zero3'"):
+        check_compatible(written, tmp_path, "zero3")
+
+
+def test_universal_conversion_failure_is_one_line(tmp_path):
+    """DeepSpeed's converter on a checkpoint without ZeRO files: a UsageError that says what to
+    do, and nothing half-written left where a later resume would find it."""
+    from lockstep.train.engines.zero import universal_checkpoint
+
+    (tmp_path / "deepspeed" / "state").mkdir(parents=True)
+    with pytest.raises(UsageError, match=r"ds_to_universal failed .*resume on the world size") as e:
+        universal_checkpoint(tmp_path)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "universal").exists()

@@ -6,6 +6,8 @@ Layout under the checkpoint root (a directory every rank sees):
     step_00000010/
       deepspeed/ | dcp/     the engine's own format (DeepSpeed save_checkpoint, or
                             torch.distributed.checkpoint for ddp/fsdp + trainer_state.pt)
+      universal/            DeepSpeed's universal checkpoint, made from deepspeed/ on the first
+                            ZeRO resume at another world size (not in the manifest)
       rng/rank00000.pt      python, numpy, torch and cuda RNG state of each rank
       manifest.json         written last: step, engine, world size, size and sha256 of every file
 
@@ -157,36 +159,39 @@ def verify(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def check_compatible(manifest: dict[str, Any], path: Path, engine: str, world_size: int) -> None:
-    """ddp and fsdp share DCP, which reshards; a DeepSpeed checkpoint loads only as written."""
-    saved, saved_world = manifest["engine"], manifest["world_size"]
+def check_compatible(manifest: dict[str, Any], path: Path, engine: str) -> None:
+    """ddp and fsdp share DCP and can load each other's; ZeRO loads its own stage only."""
+    saved = manifest["engine"]
     native = {"ddp", "fsdp"}
     if saved != engine and not {saved, engine} <= native:
         raise UsageError(
             f"checkpoint {path} was written by engine '{saved}', this run uses '{engine}'; "
             "resume with the same engine (ddp and fsdp can load each other's)"
         )
-    if engine not in native and saved_world != world_size:
-        raise UsageError(
-            f"checkpoint {path} was written by {saved_world} ranks, this run has {world_size}: "
-            f"resuming '{engine}' at another world size needs DeepSpeed's universal checkpoint, "
-            "which lockstep does not convert to yet; resume on the same world size"
-        )
 
 
 def load(engine, path: Path) -> dict[str, Any]:
-    """Collective: rank 0 verifies, every rank restores; returns the client state."""
-    error = [None]
+    """Collective: rank 0 verifies (and, for ZeRO at another world size, converts to DeepSpeed's
+    universal checkpoint), every rank restores; returns the client state.
+
+    DCP reshards ddp/fsdp checkpoints to any world size by itself."""
+    from lockstep.train.engines.zero import ZeroEngine, universal_checkpoint
+
+    answer: list[Any] = [None, None]  # error, saved world size
     if dist.get_rank() == 0:
         try:
             manifest = verify(path)
-            check_compatible(manifest, path, engine.cfg.engine.name, dist.get_world_size())
+            check_compatible(manifest, path, engine.cfg.engine.name)
+            answer[1] = manifest["world_size"]
+            if isinstance(engine, ZeroEngine) and answer[1] != dist.get_world_size():
+                universal_checkpoint(path)
         except UsageError as exc:
-            error[0] = str(exc)
-    dist.broadcast_object_list(error, src=0)
-    if error[0]:
-        raise UsageError(error[0])
-    client = engine.load(path)
+            answer[0] = str(exc)
+    dist.broadcast_object_list(answer, src=0)
+    error, saved_world_size = answer
+    if error:
+        raise UsageError(error)
+    client = engine.load(path, saved_world_size)
     rng_file = path / "rng" / f"rank{dist.get_rank():05d}.pt"
     if rng_file.exists():  # absent when resuming at a larger world size: keep the fresh seed
         set_rng_state(torch.load(rng_file, weights_only=False))

@@ -64,7 +64,7 @@ def preflight(cfg: RunConfig, world_size: int, out_dir: Path) -> None:
     path = checkpoint.find(root, cfg.checkpoint.resume)
     if path is not None:
         manifest = checkpoint.verify(path)
-        checkpoint.check_compatible(manifest, path, cfg.engine.name, world_size)
+        checkpoint.check_compatible(manifest, path, cfg.engine.name)
 
 
 def rank_main(config: dict, out_dir: str) -> tuple[int, str]:

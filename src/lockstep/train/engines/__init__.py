@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import warnings
+
 from lockstep.train.engines.base import Engine, StepOutcome
+
+# FSDP2 and DeepSpeed call these collectives on every step; torch 2.13 deprecates the names and
+# warns once per call site and rank, which buries a run's own output. Nothing a user can act on.
+DEPRECATED_INTERNAL_CALLS = (
+    r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
+)
 
 
 def build_engine(name: str, model, cfg, ctx) -> Engine:
     """Wrap `model` for engine `name`; imports only that engine's framework."""
+    warnings.filterwarnings("ignore", DEPRECATED_INTERNAL_CALLS, FutureWarning)
     if name == "ddp":
         from lockstep.train.engines.ddp import DDPEngine as cls
     elif name == "fsdp":

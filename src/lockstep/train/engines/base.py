@@ -95,8 +95,9 @@ class Engine(ABC):
         """Write this engine's state under `path` (a directory every rank can see)."""
 
     @abstractmethod
-    def load(self, path: Path) -> dict[str, Any]:
-        """Restore from `path`; return the client state given to `save`."""
+    def load(self, path: Path, saved_world_size: int) -> dict[str, Any]:
+        """Restore from `path`, written by `saved_world_size` ranks; return the client state
+        given to `save`."""
 
     @abstractmethod
     def full_parameters(self) -> dict[str, torch.Tensor]:

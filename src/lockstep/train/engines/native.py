@@ -121,7 +121,8 @@ class NativeEngine(Engine):
                 path / TRAINER_STATE,
             )
 
-    def load(self, path: Path) -> dict[str, Any]:
+    def load(self, path: Path, saved_world_size: int) -> dict[str, Any]:
+        del saved_world_size  # DCP reshards to this world size on its own
         model_sd, optim_sd = get_state_dict(self.wrapped, self.optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(path / "dcp"))

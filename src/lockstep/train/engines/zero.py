@@ -4,6 +4,10 @@ ds_config.json), checkpointed with its own save_checkpoint/load_checkpoint."""
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,8 @@ from lockstep.train.engines.base import Context, Engine, StepOutcome, clip_coeff
 from lockstep.train.model import causal_lm_loss
 
 TAG = "state"
+UNIVERSAL = "universal"
+CONVERT_TIMEOUT_S = 1800
 OPTIMIZER_KEYS = ("exp_avg", "exp_avg_sq")
 
 
@@ -81,13 +87,21 @@ class ZeroEngine(Engine):
             save_latest=False,
         )
 
-    def load(self, path: Path) -> dict[str, Any]:
-        loaded, client = self.engine.load_checkpoint(
-            str(path / "deepspeed"),
-            tag=TAG,
-            load_optimizer_states=True,
-            load_lr_scheduler_states=True,
-        )
+    def load(self, path: Path, saved_world_size: int) -> dict[str, Any]:
+        """Same world size: DeepSpeed's own checkpoint. Another one: the universal checkpoint
+        that `universal_checkpoint` made beside it, loaded with `checkpoint.load_universal`."""
+        universal = saved_world_size != self.ctx.world_size
+        config = self.engine._config  # DeepSpeed reads the flag at load time only
+        config.load_universal_checkpoint = universal
+        try:
+            loaded, client = self.engine.load_checkpoint(
+                str(path / (UNIVERSAL if universal else "deepspeed")),
+                tag=TAG,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=True,
+            )
+        finally:
+            config.load_universal_checkpoint = False
         if loaded is None or "lockstep" not in (client or {}):
             raise UsageError(f"checkpoint {path}: DeepSpeed could not load it; it is incomplete")
         return client["lockstep"]
@@ -118,3 +132,49 @@ class ZeroEngine(Engine):
             state = {k: self._full(p, k) for k in OPTIMIZER_KEYS}
             out[name] = {k: v for k, v in state.items() if v is not None}
         return out
+
+
+def universal_checkpoint(path: Path) -> Path:
+    """DeepSpeed's universal checkpoint of `path` (made once, by DeepSpeed's own ds_to_universal,
+    into path/universal), which loads at any world size. Call on one rank."""
+    out = path / UNIVERSAL
+    if (out / "latest_universal").is_file():
+        return out
+    tmp = path / f".tmp-{UNIVERSAL}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.checkpoint.ds_to_universal",
+        "--input_folder",
+        str(path / "deepspeed" / TAG),
+        "--output_folder",
+        str(tmp / TAG),
+        "--inject_missing_state",  # lockstep's models carry no parallelism layout to record
+        "--num_extract_workers",
+        "1",
+        "--num_merge_workers",
+        "1",
+    ]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=CONVERT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise UsageError(
+            f"checkpoint {path}: converting to a universal checkpoint took over "
+            f"{CONVERT_TIMEOUT_S} s; resume on the world size that wrote it"
+        ) from None
+    if done.returncode != 0:
+        lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+        raise UsageError(
+            f"checkpoint {path}: DeepSpeed's ds_to_universal failed "
+            f"({lines[-1] if lines else f'exit {done.returncode}'}); resume on the world size "
+            "that wrote it"
+        )
+    try:
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise UsageError(
+            f"checkpoint {path}: cannot publish its universal checkpoint ({exc}); "
+            "make the checkpoint directory writable"
+        ) from None
+    return out
