@@ -24,12 +24,13 @@ RUN = ["steps=4", "checkpoint.every=2", "clip.max_norm=1.0", "batch.grad_accum=2
 
 
 def launch(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    # PYTHONFAULTHANDLER: a rank that dies of a signal prints its Python stack.
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     out = subprocess.run(
         [*cmd, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
     )
-    assert out.returncode == 0, out.stderr[-4000:]
+    assert out.returncode == 0, out.stderr[-8000:]
     return out
 
 

@@ -9,6 +9,7 @@ Rank 0 writes BASE/ENGINE/<mode>-state.pt (state at the checkpoint) and <mode>.j
 """
 
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -44,14 +45,24 @@ def run(mode: str, engine: str, base: Path, overrides: list[str]) -> None:
         summary = {"digest": result.param_digest, "steps": [asdict(r) for r in rows]}
         (out / f"{mode}.json").write_text(json.dumps(summary))
     trainer.close()
+    print(f"rank {trainer.rank}: {mode} {engine} done", file=sys.stderr, flush=True)
 
 
 def main(mode: str, base: str, engines: str, *overrides: str) -> None:
     for engine in engines.split(","):
         run(mode, engine, Path(base), list(overrides))
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
     torch.distributed.init_process_group("gloo")
     main(*sys.argv[1:])
+    # Every result is written and every rank has passed the barrier. Leave without the
+    # interpreter's teardown, where DeepSpeed's and FSDP's lingering references to gloo groups
+    # are destroyed in arbitrary order (pytorch/pytorch#179291). One CI run of this worker
+    # ended in SIGABRT, "terminate called without an active exception"; its log did not show
+    # where, so the launch now sets PYTHONFAULTHANDLER and each engine reports when it is done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
