@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from lockstep.cli import main
+from teardown_abort import rerun_once_on_abort
 
 ROOT = Path(__file__).resolve().parents[2]
 QUIET = ["--set", "steps=4", "--set", 'logging.wandb="disabled"', "--set", "logging.progress=false"]
@@ -33,11 +35,15 @@ def pid_ordered_data(seq_len: int, vocab_size: int) -> list[torch.Tensor]:
 def check(*args: str, tmp_path: Path) -> tuple[int, list[dict], str]:
     out = tmp_path / "result.json"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "lockstep", "check", *args, *QUIET, "--out", str(tmp_path / "runs"),
-         "--json", str(out)],
-        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env,
-    )  # fmt: skip
+    cmd = [sys.executable, "-m", "lockstep", "check", *args, *QUIET, "--out",
+           str(tmp_path / "runs"), "--json", str(out)]  # fmt: skip
+
+    def launch() -> subprocess.CompletedProcess:
+        shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+        out.unlink(missing_ok=True)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+
+    proc = rerun_once_on_abort(launch, lambda done: done.stdout + done.stderr)
     results = json.loads(out.read_text()) if out.exists() else []
     return proc.returncode, results, proc.stdout + proc.stderr[-3000:]
 

@@ -7,11 +7,14 @@ example the README shows is the very script under test.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from teardown_abort import rerun_once_on_abort
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_protocol.py"
 
@@ -45,26 +48,19 @@ def variant(tmp_path: Path, bug: str) -> Path:
 
 
 def check(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    out_json = cwd / "result.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "lockstep",
-            "check",
-            *args,
-            "--steps",
-            "4",
-            "--out",
-            str(cwd / "runs"),
-            "--json",
-            str(out_json),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=cwd,
-    )
+    out_json, runs = cwd / "result.json", cwd / "runs"
+    cmd = [sys.executable, "-m", "lockstep", "check", *args, "--steps", "4", "--out", str(runs),
+           "--json", str(out_json)]  # fmt: skip
+
+    def launch() -> subprocess.CompletedProcess:
+        shutil.rmtree(runs, ignore_errors=True)
+        out_json.unlink(missing_ok=True)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=cwd)
+
+    def logs(proc: subprocess.CompletedProcess) -> str:
+        return proc.stderr + "".join(p.read_text(errors="replace") for p in runs.rglob("run.log"))
+
+    proc = rerun_once_on_abort(launch, logs)
     results = json.loads(out_json.read_text()) if out_json.exists() else []
     return proc, results
 

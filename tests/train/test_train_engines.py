@@ -14,6 +14,7 @@ import torch
 
 from lockstep.cli import main
 from lockstep.train.metrics import read_metrics
+from teardown_abort import rerun_once_on_abort
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("train_worker.py")
@@ -27,8 +28,11 @@ def launch(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     # PYTHONFAULTHANDLER: a rank that dies of a signal prints its Python stack.
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    out = subprocess.run(
-        [*cmd, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    out = rerun_once_on_abort(
+        lambda: subprocess.run(
+            [*cmd, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+        ),
+        lambda done: done.stderr,
     )
     assert out.returncode == 0, out.stderr[-8000:]
     return out

@@ -110,6 +110,7 @@ class ScriptRunner:
             launcher.append("--no-python")
         env = dict(os.environ, **{f"LOCKSTEP_{k.upper()}": v for k, v in values.items()})
         env.setdefault("OMP_NUM_THREADS", "1")
+        env.setdefault("PYTHONFAULTHANDLER", "1")  # a rank killed by a signal logs its stack
         log = run_dir / "run.log"
         self.logs[name] = str(log)
         with open(log, "wb") as out:

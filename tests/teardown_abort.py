@@ -1,0 +1,33 @@
+"""The one failure the multi-process tests rerun for: a known upstream abort.
+
+Under torch 2.13 with gloo, on the loaded 2-core CI machine, a rank now and then dies of SIGABRT
+with "terminate called without an active exception" (C++ std::terminate) and no Python error:
+seen once in a CI run of the DeepSpeed engine worker and once in a black-box script run
+(examples/train_protocol.py), which does nothing but gloo all_reduce, a barrier and
+destroy_process_group. 118 launches of a minimal gloo script under the same load did not
+reproduce it. The launches now run with PYTHONFAULTHANDLER so the next one shows where.
+
+A launch whose logs carry that line is rerun once, with a warning naming it; any other failure,
+and the same abort twice, fails the test as before.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import TypeVar
+
+SIGNATURE = "terminate called without an active exception"
+T = TypeVar("T")
+
+
+def rerun_once_on_abort(launch: Callable[[], T], logs: Callable[[T], str]) -> T:
+    result = launch()
+    if SIGNATURE in logs(result):
+        warnings.warn(
+            f"a rank died of SIGABRT ({SIGNATURE!r}, the known gloo abort): rerunning the "
+            "launch once",
+            stacklevel=2,
+        )
+        result = launch()
+    return result
