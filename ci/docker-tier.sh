@@ -7,15 +7,16 @@
 #      through CPU_BASE_IMAGE, exactly as docker/base.lock pins debian:bookworm-slim;
 #   3. wheelhouse: `pip download --require-hashes` against requirements/cpu.txt for CPython 3.11
 #      manylinux, served on loopback; pip inside the build checks every hash again;
-#   4. build the `cpu` target (docker/build-args.sh gives the content-addressed tag), push it to
-#      the local registry and write bake-style metadata; ci/image-digest.py names the digest;
+#   4. `docker buildx bake cpu` with docker/docker-bake.hcl (docker/build-args.sh gives the
+#      content-addressed tag) pushes to the local registry and writes --metadata-file;
+#      ci/image-digest.py names the digest (buildx comes from Debian trixie, pinned by sha256);
 #   5. run by that digest: the image's lock is byte-identical to requirements/cpu.txt and its
 #      manifest and labels agree; `lockstep preflight --nproc 2`; a 2-rank ZeRO smoke training.
 # Where Docker cannot start, this fails loudly; it never skips.
 #
 # Cached between runs under $LOCKSTEP_DOCKER_CACHE (default ~/.cache/lockstep/docker): the
-# base rootfs tarball, the wheelhouse (keyed by the lock's digest), the engine's data root
-# (its build cache) and the local registry's storage. A fresh machine has none of it.
+# base rootfs tarball, the wheelhouse (keyed by the lock's digest), buildx, the engine's data
+# root (its build cache) and the local registry's storage. A fresh machine has none of it.
 # Environment knobs: LOCKSTEP_DOCKER_CACHE, LOCKSTEP_DOCKER_STORAGE (overlay2, else vfs), LOCKSTEP_REGISTRY_PORT (5099),
 # LOCKSTEP_WHEELHOUSE_PORT (5098), LOCKSTEP_DOCKER_SMOKE (smoke/cpu-zero2.toml), PYTHON.
 set -euo pipefail
@@ -28,6 +29,8 @@ WHEELHOUSE_PORT=${LOCKSTEP_WHEELHOUSE_PORT:-5098}
 SMOKE_CONFIG=${LOCKSTEP_DOCKER_SMOKE:-smoke/cpu-zero2.toml}
 DEBIAN_MIRROR=${LOCKSTEP_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+BUILDX_DEB=pool/main/d/docker-buildx/docker-buildx_0.13.1+ds1-3_amd64.deb
+BUILDX_DEB_SHA256=fcf8c48204d1603c8f209451d7827eb91bf30759578baf7704e9e1a87e5f1d7f
 PYTHON=${PYTHON:-python3}
 LOCK=requirements/cpu.txt
 REGISTRY=127.0.0.1:${REGISTRY_PORT}
@@ -53,12 +56,13 @@ cleanup() {
 	set +e
 	for pid in "${BG_PIDS[@]}"; do kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; done
 	if [[ -n $DOCKERD_PID ]]; then
-		# Keep this run's image and its tagged build stage (the next run's build cache); drop
-		# superseded tags and whatever that leaves dangling.
+		# Keep this run's image (the next run's layers); drop superseded tags, whatever that
+		# leaves dangling, and BuildKit cache beyond a bound.
 		docker images --format '{{.Repository}}:{{.Tag}}' |
 			grep -E '(^|/)lockstep-cpu(-build)?:' |
-			grep -vxF -e "lockstep-cpu:${CPU_TAG:-}" -e "lockstep-cpu-build:${CPU_TAG:-}" |
+			grep -vxF -e "${image:-none}" |
 			xargs -r docker rmi >/dev/null 2>&1
+		docker buildx prune -f --keep-storage 8gb >/dev/null 2>&1
 		docker image prune -f >/dev/null 2>&1
 		kill "$DOCKERD_PID" 2>/dev/null
 		for _ in $(seq 60); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 1; done
@@ -223,45 +227,54 @@ BG_PIDS+=($!)
 wait_http "http://127.0.0.1:$WHEELHOUSE_PORT/" 30
 
 # -------------------------------------------------------------------------------- 4. build
+# Bake, as docker/docker-bake.hcl documents it for a real registry: BuildKit (the engine's own,
+# through buildx's docker driver) builds the `cpu` target from the repository root (BuildKit
+# honours docker/Dockerfile.dockerignore, so .venv and .git stay out), pushes it to the
+# loopback registry and writes --metadata-file, from which ci/image-digest.py takes the digest.
+step "buildx"
+install_buildx() {
+	# Debian bookworm has no buildx; trixie's package is one static binary (needs glibc >= 2.34).
+	# Pinned by version and sha256; the .deb is unpacked into the tier's own cache, not installed.
+	local deb=$CACHE/buildx/${BUILDX_DEB##*/}
+	if [[ ! -x $CACHE/buildx/root/usr/libexec/docker/cli-plugins/docker-buildx ]]; then
+		mkdir -p "$CACHE/buildx"
+		curl -fsS --retry 3 -o "$deb.partial" "$DEBIAN_MIRROR/$BUILDX_DEB" ||
+			die "cannot download $DEBIAN_MIRROR/$BUILDX_DEB (superseded in Debian? update BUILDX_DEB and BUILDX_DEB_SHA256)"
+		echo "$BUILDX_DEB_SHA256  $deb.partial" | sha256sum -c --quiet - ||
+			die "$BUILDX_DEB does not match its pinned sha256"
+		mv "$deb.partial" "$deb"
+		rm -rf "$CACHE/buildx/root"
+		dpkg-deb -x "$deb" "$CACHE/buildx/root"
+	fi
+	mkdir -p "$DOCKER_CONFIG/cli-plugins"
+	ln -sf "$CACHE/buildx/root/usr/libexec/docker/cli-plugins/docker-buildx" \
+		"$DOCKER_CONFIG/cli-plugins/docker-buildx"
+}
+export DOCKER_CONFIG=$RUN_DIR/docker-config
+mkdir -p "$DOCKER_CONFIG"
+if ! docker buildx version >/dev/null 2>&1; then
+	install_buildx
+fi
+docker buildx version || die "docker buildx does not run"
+
 set -a
 # shellcheck source=/dev/null
 source <(docker/build-args.sh)
 set +a
-image=lockstep-cpu:$CPU_TAG
-step "build $image"
-# The context holds only what the Dockerfile COPYs (docker/Dockerfile.dockerignore's list), so
-# the legacy builder, which reads no per-Dockerfile ignore file, never sends .venv or .git.
-context=$RUN_DIR/context
+image=$REGISTRY/lockstep-cpu:$CPU_TAG
+step "docker buildx bake cpu ($image)"
 : >"$CACHE/last-build.log"
-mkdir -p "$context"
-tar -c --exclude=__pycache__ --exclude='*.egg-info' pyproject.toml README.md src "$LOCK" \
-	docker/Dockerfile docker/install-lock.sh docker/write-manifest.py docker/check-one-nccl.sh |
-	tar -x -C "$context"
-# The venv stage gets a tag of its own, so pruning dangling images keeps it as build cache.
-for target in cpu-build cpu; do
-	docker build --network host --target "$target" -f "$context/docker/Dockerfile" \
-		-t "${image/lockstep-cpu:/lockstep-${target}:}" \
-		--build-arg CPU_BASE_IMAGE --build-arg CPU_BASE_DIGEST \
-		--build-arg LOCK_SHA256="$CPU_LOCK_SHA256" --build-arg LOCKSTEP_IMAGE="$image" \
-		--build-arg GIT_REVISION --build-arg BUILD_TIME \
-		--build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS="http://127.0.0.1:$WHEELHOUSE_PORT/" \
-		"$context" >>"$CACHE/last-build.log" 2>&1 || {
-		tail -40 "$CACHE/last-build.log" >&2
-		die "docker build --target $target failed (log: $CACHE/last-build.log)"
-	}
-done
-echo "built $(docker image inspect --format '{{.Id}}' "$image")" \
-	"($(grep -c 'Using cache' "$CACHE/last-build.log" || true) steps from the build cache)"
-
-step "push to the local registry; bake-style metadata; launch reference"
-docker tag "$image" "$REGISTRY/$image"
-digest=$(docker push "$REGISTRY/$image" | sed -n 's/.*digest: \(sha256:[0-9a-f]\{64\}\).*/\1/p')
-[[ -n $digest ]] || die "pushing $image gave no digest"
-config_digest=$(docker image inspect --format '{{.Id}}' "$image")
-printf '{"cpu": {"image.name": "%s", "containerimage.digest": "%s", "containerimage.config.digest": "%s"}}\n' \
-	"$REGISTRY/$image" "$digest" "$config_digest" >"$RUN_DIR/bake-metadata.json"
+REGISTRY=$REGISTRY/ docker buildx bake --progress plain -f docker/docker-bake.hcl \
+	--metadata-file "$RUN_DIR/bake-metadata.json" --push \
+	--set cpu.network=host \
+	--set cpu.args.PIP_NO_INDEX=1 \
+	--set "cpu.args.PIP_FIND_LINKS=http://127.0.0.1:$WHEELHOUSE_PORT/" \
+	cpu >>"$CACHE/last-build.log" 2>&1 || {
+	tail -40 "$CACHE/last-build.log" >&2
+	die "docker buildx bake cpu failed (log: $CACHE/last-build.log)"
+}
+echo "built and pushed ($(grep -c ' CACHED$' "$CACHE/last-build.log" || true) steps from the build cache)"
 ref=$("$PYTHON" ci/image-digest.py "$RUN_DIR/bake-metadata.json" cpu)
-docker rmi "$REGISTRY/$image" >/dev/null # the digest reference stays resolvable
 echo "launch reference: $ref"
 
 # --------------------------------------------------------------------------- 5. run by digest
@@ -272,14 +285,14 @@ in_image "$ref" cat "/etc/lockstep/$LOCK" | cmp - "$LOCK" ||
 	die "the lock in the image differs from $LOCK"
 in_image "$ref" cat /etc/lockstep/image-manifest.json >"$RUN_DIR/manifest.json"
 docker image inspect --format '{{json .Config.Labels}}' "$ref" >"$RUN_DIR/labels.json"
-"$PYTHON" - "$RUN_DIR/manifest.json" "$RUN_DIR/labels.json" <<-'EOF' || die "image identity check failed"
+IMAGE=$image "$PYTHON" - "$RUN_DIR/manifest.json" "$RUN_DIR/labels.json" <<-'EOF' || die "image identity check failed"
 	import hashlib, json, os, sys
 	manifest = json.load(open(sys.argv[1]))
 	labels = json.load(open(sys.argv[2]))
 	lock = "sha256:" + hashlib.sha256(open("requirements/cpu.txt", "rb").read()).hexdigest()
 	expected = {
 	    "schema": 1,
-	    "image": "lockstep-cpu:" + os.environ["CPU_TAG"],
+	    "image": os.environ["IMAGE"],
 	    "base_image": os.environ["CPU_BASE_IMAGE"],
 	    "base_digest": os.environ["CPU_BASE_DIGEST"],
 	    "locks": {"cpu.txt": lock},
@@ -302,30 +315,11 @@ docker image inspect --format '{{json .Config.Labels}}' "$ref" >"$RUN_DIR/labels
 EOF
 in_image "$ref" lockstep --version
 
-commands=$(in_image "$ref" lockstep --help)
-has_command() { grep -qE "^\s+$1\b|[{,]$1[,}]" <<<"$commands"; }
+step "lockstep preflight --nproc 2 (in the image)"
+in_image "$ref" lockstep preflight --nproc 2
 
-if has_command preflight; then
-	step "lockstep preflight --nproc 2 (in the image)"
-	in_image "$ref" lockstep preflight --nproc 2
-else
-	step "lockstep preflight is not in this build yet: 2-rank gloo all_reduce through torchrun"
-	in_image "$ref" torchrun --standalone --nproc-per-node 2 --no-python python -c '
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-t = torch.tensor([dist.get_rank() + 1.0])
-dist.all_reduce(t)
-assert t.item() == 3.0, t
-print(f"rank {dist.get_rank()}: all_reduce ok ({t.item()})")
-dist.destroy_process_group()'
-fi
-
-if has_command train; then
-	step "lockstep train $SMOKE_CONFIG --nproc 2 (ZeRO smoke, in the image)"
-	[[ -f $SMOKE_CONFIG ]] || die "$SMOKE_CONFIG is missing: set LOCKSTEP_DOCKER_SMOKE"
-	in_image -v "$ROOT/smoke:/home/lockstep/smoke:ro" "$ref" \
-		lockstep train "$SMOKE_CONFIG" --nproc 2
-else
-	step "lockstep train is not in this build yet: no ZeRO smoke run (NOT a pass of that step)"
-fi
+step "lockstep train $SMOKE_CONFIG --nproc 2 (ZeRO smoke, in the image)"
+[[ -f $SMOKE_CONFIG ]] || die "$SMOKE_CONFIG is missing: set LOCKSTEP_DOCKER_SMOKE"
+in_image -v "$ROOT/smoke:/home/lockstep/smoke:ro" "$ref" \
+	lockstep train "$SMOKE_CONFIG" --nproc 2
 step "docker tier passed"
