@@ -7,8 +7,8 @@
 #      through CPU_BASE_IMAGE, exactly as docker/base.lock pins debian:bookworm-slim;
 #   3. wheelhouse: `pip download --require-hashes` against requirements/cpu.txt for CPython 3.11
 #      manylinux, served on loopback; pip inside the build checks every hash again;
-#   4. `docker buildx bake cpu` with docker/docker-bake.hcl (docker/build-args.sh gives the
-#      content-addressed tag) pushes to the local registry and writes --metadata-file;
+#   4. `docker buildx build` of the cpu target with docker-bake.hcl's variables (docker/build-args.sh
+#      gives the content-addressed tag) pushes to the local registry and writes --metadata-file;
 #      ci/image-digest.py names the digest (buildx comes from Debian trixie, pinned by sha256);
 #   5. run by that digest: the image's lock is byte-identical to requirements/cpu.txt and its
 #      manifest and labels agree; `lockstep preflight --nproc 2`; a 2-rank ZeRO smoke training.
@@ -227,10 +227,10 @@ BG_PIDS+=($!)
 wait_http "http://127.0.0.1:$WHEELHOUSE_PORT/" 30
 
 # -------------------------------------------------------------------------------- 4. build
-# Bake, as docker/docker-bake.hcl documents it for a real registry: BuildKit (the engine's own,
-# through buildx's docker driver) builds the `cpu` target from the repository root (BuildKit
-# honours docker/Dockerfile.dockerignore, so .venv and .git stay out), pushes it to the
-# loopback registry and writes --metadata-file, from which ci/image-digest.py takes the digest.
+# buildx, as for a real registry: BuildKit (the engine's own, through buildx's docker driver)
+# builds the `cpu` target from the repository root (BuildKit honours
+# docker/Dockerfile.dockerignore, so .venv and .git stay out), pushes it to the loopback
+# registry and writes --metadata-file, from which ci/image-digest.py takes the digest.
 step "buildx"
 install_buildx() {
 	# Debian bookworm has no buildx; trixie's package is one static binary (needs glibc >= 2.34).
@@ -262,19 +262,55 @@ set -a
 source <(docker/build-args.sh)
 set +a
 image=$REGISTRY/lockstep-cpu:$CPU_TAG
-step "docker buildx bake cpu ($image)"
+step "docker buildx bake --print: docker/docker-bake.hcl resolves to the build below"
+REGISTRY=$REGISTRY/ docker buildx bake -f docker/docker-bake.hcl --print cpu cuda \
+	>"$RUN_DIR/bake-print.json" 2>"$RUN_DIR/bake-print.log" || {
+	cat "$RUN_DIR/bake-print.log" >&2
+	die "docker buildx bake cannot read docker/docker-bake.hcl"
+}
+IMAGE=$image "$PYTHON" - "$RUN_DIR/bake-print.json" <<-'EOF' || die "docker-bake.hcl disagrees with the tier's build"
+	import json, os, sys
+	targets = json.load(open(sys.argv[1]))["target"]
+	cpu, cuda = targets["cpu"], targets["cuda"]
+	want = {
+	    "tags": [os.environ["IMAGE"]],
+	    "target": "cpu",
+	    "dockerfile": "docker/Dockerfile",
+	    "args.CPU_BASE_IMAGE": os.environ["CPU_BASE_IMAGE"],
+	    "args.LOCK_SHA256": os.environ["CPU_LOCK_SHA256"],
+	    "args.LOCKSTEP_IMAGE": os.environ["IMAGE"],
+	}
+	def get(t, key):
+	    return t["args"].get(key[5:]) if key.startswith("args.") else t.get(key)
+	bad = {k: get(cpu, k) for k, v in want.items() if get(cpu, k) != v}
+	registry = os.environ["IMAGE"].rsplit("/", 1)[0]
+	if cuda["tags"] != [f"{registry}/lockstep-cuda:" + os.environ["CUDA_TAG"]]:
+	    bad["cuda.tags"] = cuda["tags"]
+	if bad:
+	    sys.exit(f"bake resolves differently: {bad}")
+	print(f"bake: cpu -> {cpu['tags'][0]}, cuda -> {cuda['tags'][0]}")
+EOF
+step "docker buildx build, the cpu target ($image)"
 : >"$CACHE/last-build.log"
-REGISTRY=$REGISTRY/ docker buildx bake --progress plain -f docker/docker-bake.hcl \
-	--metadata-file "$RUN_DIR/bake-metadata.json" --push \
-	--set cpu.network=host \
-	--set cpu.args.PIP_NO_INDEX=1 \
-	--set "cpu.args.PIP_FIND_LINKS=http://127.0.0.1:$WHEELHOUSE_PORT/" \
-	cpu >>"$CACHE/last-build.log" 2>&1 || {
+# Bake's HCL is the interface for real registries; buildx 0.13 (Debian's) has no `network` key
+# for bake, and the wheelhouse is reachable only on the host's loopback, so the tier runs the
+# same build as `docker buildx build` with the variables of docker/docker-bake.hcl's cpu target.
+docker buildx build --progress plain --network host -f docker/Dockerfile --target cpu \
+	--platform linux/amd64 -t "$image" --push --metadata-file "$RUN_DIR/bake-metadata.json" \
+	--build-arg CPU_BASE_IMAGE --build-arg CPU_BASE_DIGEST \
+	--build-arg LOCK_SHA256="$CPU_LOCK_SHA256" --build-arg LOCKSTEP_IMAGE="$image" \
+	--build-arg GIT_REVISION --build-arg BUILD_TIME \
+	--build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS="http://127.0.0.1:$WHEELHOUSE_PORT/" \
+	. >>"$CACHE/last-build.log" 2>&1 || {
 	tail -40 "$CACHE/last-build.log" >&2
-	die "docker buildx bake cpu failed (log: $CACHE/last-build.log)"
+	die "docker buildx build --target cpu failed (log: $CACHE/last-build.log)"
 }
 echo "built and pushed ($(grep -c ' CACHED$' "$CACHE/last-build.log" || true) steps from the build cache)"
-ref=$("$PYTHON" ci/image-digest.py "$RUN_DIR/bake-metadata.json" cpu)
+ref=$("$PYTHON" ci/image-digest.py "$RUN_DIR/bake-metadata.json" cpu --name "$image") || {
+	echo "metadata written by buildx:" >&2
+	cat "$RUN_DIR/bake-metadata.json" >&2
+	die "no launch reference in the build metadata"
+}
 echo "launch reference: $ref"
 
 # --------------------------------------------------------------------------- 5. run by digest

@@ -302,6 +302,13 @@ def test_image_digest_prints_the_launch_reference(tmp_path):
     assert cuda.stdout == f"reg.example/t/lockstep-cuda@{digest}\n"
     only = _image_digest(tmp_path, {"cpu": metadata["cpu"]})
     assert only.stdout == cpu.stdout
+    build = _image_digest(tmp_path, metadata["cpu"])  # `docker buildx build --metadata-file`
+    assert build.stdout == cpu.stdout
+    # buildx 0.13's docker driver writes the digest but no image.name: the name comes from --name
+    unnamed = {"containerimage.digest": digest}
+    named = _image_digest(tmp_path, unnamed, "--name", "127.0.0.1:5099/lockstep-cpu:env-1")
+    assert named.stdout == cpu.stdout
+    assert _image_digest(tmp_path, unnamed).returncode == 2
 
 
 def test_image_digest_errors_are_one_line(tmp_path):
