@@ -34,7 +34,10 @@ def pid_ordered_data(seq_len: int, vocab_size: int) -> list[torch.Tensor]:
 
 def check(*args: str, tmp_path: Path) -> tuple[int, list[dict], str]:
     out = tmp_path / "result.json"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "OMP_NUM_THREADS": "1"}
+    # The ranks import this module (a data factory), which imports tests/teardown_abort.py.
+    here = Path(__file__).parent
+    path = os.pathsep.join([str(here), str(here.parent)])
+    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "lockstep", "check", *args, *QUIET, "--out",
            str(tmp_path / "runs"), "--json", str(out)]  # fmt: skip
 
