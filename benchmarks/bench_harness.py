@@ -1,7 +1,8 @@
 """Harness overhead and tokens/s per engine, side by side in one run.
 
     DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 \
-        benchmarks/bench_harness.py [--engines ddp,fsdp,zero1,zero2,zero3] [--rounds 10]
+        benchmarks/bench_harness.py [--engines ddp,fsdp,zero1,zero2,zero3] [--rounds 10] \
+        [--pair harness-minimal|harness-harness|minimal-minimal]
 
 For each engine it builds the harness (`Trainer`, writing metrics.jsonl and an offline wandb
 run) and a minimal hand-written loop on the same model, batch, data and engine (forward,
@@ -9,7 +10,9 @@ backward with accumulation, clip, step, schedule, `loss.item()`), then alternate
 steps between the two so that load from other processes hits both alike. Prints the median
 step time of each, their ratio (goal: at most 3%), tokens/s, and the cost of the harness's own
 per-step bookkeeping (loss all-reduce, memory probe, JSONL line, wandb log) timed alone: on
-a shared, loaded machine the A/B ratio is noisy, the bookkeeping share is not.
+a shared, loaded machine the A/B ratio is noisy, the bookkeeping share is not. `--pair
+harness-harness` and `--pair minimal-minimal` put the same loop in both slots: what they print
+as overhead is the method's own bias, the floor below which an A/B figure means nothing.
 """
 
 from __future__ import annotations
@@ -146,14 +149,25 @@ def bench_engine(engine: str, device: torch.device, args, out: Path) -> dict:
     def harness_step():
         sink.log(trainer.train_step())
 
-    timed(harness_step, 2), timed(minimal.step, 2)  # warm up both
+    first, second = harness_step, minimal.step
+    extra = None
+    if args.pair == "harness-harness":  # A/A: a second harness in the minimal loop's slot
+        extra = Trainer(cfg, out / f"{engine}-b")
+        extra_sink = extra.open_metrics(0, cfg.steps)
+        second = lambda: extra_sink.log(extra.train_step())  # noqa: E731
+    elif args.pair == "minimal-minimal":  # A/A: a second minimal loop in the harness's slot
+        first = MinimalLoop(cfg, device).step
+    timed(first, 2), timed(second, 2)  # warm up both
     harness, hand = [], []
     for _ in range(args.rounds):
-        harness += timed(harness_step, args.block)
-        hand += timed(minimal.step, args.block)
+        harness += timed(first, args.block)
+        hand += timed(second, args.block)
     bookkeeping = timed(lambda: bookkeeping_step(trainer, sink), 200)
     sink.close()
     trainer.close()
+    if extra is not None:
+        extra_sink.close()
+        extra.close()
     tokens = trainer.global_size * cfg.data.seq_len
     h, m = statistics.median(harness), statistics.median(hand)
     return {
@@ -176,6 +190,12 @@ def main() -> None:
     parser.add_argument("--micro", type=int, default=8)
     parser.add_argument("--wandb", default="offline", choices=["offline", "disabled"])
     parser.add_argument(
+        "--pair",
+        default="harness-minimal",
+        choices=["harness-minimal", "harness-harness", "minimal-minimal"],
+        help="what is compared; the two A/A pairs show the method's own bias",
+    )
+    parser.add_argument(
         "--peak-tflops", type=float, default=0.0, help="per device, e.g. 989 (H100 bf16 dense)"
     )
     args = parser.parse_args()
@@ -196,10 +216,10 @@ def main() -> None:
         shape = f"{args.preset}, seq {args.seq_len}, micro {args.micro} x accum 2"
         print(
             f"\n{name}, {dist.get_world_size()} ranks, {shape}, wandb {args.wandb}, "
-            f"medians of {args.rounds * args.block} steps"
+            f"medians of {args.rounds * args.block} steps, A-B: {args.pair}"
         )
         print(
-            f"{'engine':8} {'harness s':>10} {'minimal s':>10} {'A/B overhead':>13} "
+            f"{'engine':8} {'A s':>10} {'B s':>10} {'A/B overhead':>13} "
             f"{'bookkeeping ms':>15} {'its share':>10} {'tokens/s':>9}"
         )
         for r in rows:
