@@ -140,42 +140,47 @@ def timed(step, n: int) -> list[float]:
     return times
 
 
+class HarnessLoop:
+    """lockstep's `Trainer` with its rank-0 metrics sink: one `step()` is one logged step."""
+
+    def __init__(self, cfg, out: Path):
+        self.trainer = Trainer(cfg, out)
+        self.sink = self.trainer.open_metrics(0, cfg.steps)
+
+    def step(self) -> None:
+        self.sink.log(self.trainer.train_step())
+
+    def close(self) -> None:
+        self.sink.close()
+        self.trainer.close()
+
+
 def bench_engine(engine: str, device: torch.device, args, out: Path) -> dict:
     cfg = from_dict(bench_config(args, engine, device.type))
-    trainer = Trainer(cfg, out / engine)
-    sink = trainer.open_metrics(0, cfg.steps)
+    harness = HarnessLoop(cfg, out / engine)
     minimal = MinimalLoop(cfg, device)
-
-    def harness_step():
-        sink.log(trainer.train_step())
-
-    first, second = harness_step, minimal.step
-    extra = None
+    a, b = harness, minimal
     if args.pair == "harness-harness":  # A/A: a second harness in the minimal loop's slot
-        extra = Trainer(cfg, out / f"{engine}-b")
-        extra_sink = extra.open_metrics(0, cfg.steps)
-        second = lambda: extra_sink.log(extra.train_step())  # noqa: E731
+        b = HarnessLoop(cfg, out / f"{engine}-b")
     elif args.pair == "minimal-minimal":  # A/A: a second minimal loop in the harness's slot
-        first = MinimalLoop(cfg, device).step
-    timed(first, 2), timed(second, 2)  # warm up both
-    harness, hand = [], []
+        a = MinimalLoop(cfg, device)
+    timed(a.step, 2), timed(b.step, 2)  # warm up both
+    times_a, times_b = [], []
     for _ in range(args.rounds):
-        harness += timed(first, args.block)
-        hand += timed(second, args.block)
-    bookkeeping = timed(lambda: bookkeeping_step(trainer, sink), 200)
-    sink.close()
-    trainer.close()
-    if extra is not None:
-        extra_sink.close()
-        extra.close()
-    tokens = trainer.global_size * cfg.data.seq_len
-    h, m = statistics.median(harness), statistics.median(hand)
+        times_a += timed(a.step, args.block)
+        times_b += timed(b.step, args.block)
+    bookkeeping = timed(lambda: bookkeeping_step(harness.trainer, harness.sink), 200)
+    harness.close()
+    if isinstance(b, HarnessLoop):
+        b.close()
+    tokens = harness.trainer.global_size * cfg.data.seq_len
+    median_a, median_b = statistics.median(times_a), statistics.median(times_b)
     return {
         "engine": engine,
-        "harness_s": h,
-        "minimal_s": m,
+        "a_s": median_a,
+        "b_s": median_b,
         "bookkeeping_s": statistics.median(bookkeeping),
-        "tokens_per_s": tokens / h,
+        "tokens_per_s": tokens / median_a,
         "n_params": minimal.n_params,
     }
 
@@ -223,10 +228,10 @@ def main() -> None:
             f"{'bookkeeping ms':>15} {'its share':>10} {'tokens/s':>9}"
         )
         for r in rows:
-            overhead = r["harness_s"] / r["minimal_s"] - 1
-            share = r["bookkeeping_s"] / r["minimal_s"]
+            overhead = r["a_s"] / r["b_s"] - 1
+            share = r["bookkeeping_s"] / r["b_s"]
             print(
-                f"{r['engine']:8} {r['harness_s']:10.4f} {r['minimal_s']:10.4f} {overhead:+13.1%} "
+                f"{r['engine']:8} {r['a_s']:10.4f} {r['b_s']:10.4f} {overhead:+13.1%} "
                 f"{r['bookkeeping_s'] * 1e3:15.2f} {share:10.1%} {r['tokens_per_s']:9.0f}"
             )
             if args.peak_tflops:  # 6 N FLOPs per token (no attention term), over all devices
