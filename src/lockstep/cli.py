@@ -74,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except LockstepError as err:
-        print(f"lockstep: error: {err}", file=sys.stderr)
+        from lockstep.redact import scrub_text
+
+        print(f"lockstep: error: {scrub_text(str(err))}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("lockstep: interrupted", file=sys.stderr)
