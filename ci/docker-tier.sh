@@ -17,11 +17,16 @@
 # Cached between runs under $LOCKSTEP_DOCKER_CACHE (default ~/.cache/lockstep/docker): the
 # base rootfs tarball, the wheelhouse (keyed by the lock's digest), buildx, the engine's data
 # root (its build cache) and the local registry's storage. A fresh machine has none of it.
+# buildx's .deb is checked against its pinned sha256 and the binary unpacked from it on every
+# run; the rootfs tarball against the sha256 recorded when it was made, and the engine's base
+# image against that same sha256 (a label); see ci/cache-verify.sh.
 # Environment knobs: LOCKSTEP_DOCKER_CACHE, LOCKSTEP_DOCKER_STORAGE (overlay2, else vfs), LOCKSTEP_REGISTRY_PORT (5099),
 # LOCKSTEP_WHEELHOUSE_PORT (5098), LOCKSTEP_DOCKER_SMOKE (smoke/cpu-zero2.toml), PYTHON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# shellcheck source=ci/cache-verify.sh
+source ci/cache-verify.sh
 
 CACHE=${LOCKSTEP_DOCKER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lockstep/docker}
 REGISTRY_PORT=${LOCKSTEP_REGISTRY_PORT:-5099}
@@ -190,7 +195,16 @@ BG_PIDS+=("$WHEELHOUSE_PID")
 # --------------------------------------------------------------------------------- 3. base
 step "base image (debootstrap bookworm minbase, docker import, push for its digest)"
 rootfs_tar=$CACHE/base/debian-bookworm-minbase.tar
-if [[ ! -s $rootfs_tar ]]; then
+if [[ -e $rootfs_tar ]]; then
+	verify_recorded "$rootfs_tar" || case $? in
+	2)
+		echo "making the rootfs again (the cached one predates recorded hashes)"
+		rm -f "$rootfs_tar"
+		;;
+	*) die "the cached rootfs is not the one this tier made: delete $CACHE/base to make it again" ;;
+	esac
+fi
+if [[ ! -e $rootfs_tar ]]; then
 	mkdir -p "$CACHE/base"
 	debootstrap --variant=minbase bookworm "$RUN_DIR/rootfs" "$DEBIAN_MIRROR" \
 		>"$RUN_DIR/debootstrap.log" 2>&1 || {
@@ -200,14 +214,20 @@ if [[ ! -s $rootfs_tar ]]; then
 	# As slim as debian:bookworm-slim: no package lists, no downloaded .debs.
 	rm -rf "$RUN_DIR"/rootfs/var/lib/apt/lists/* "$RUN_DIR"/rootfs/var/cache/apt/archives/*.deb
 	tar --numeric-owner -C "$RUN_DIR/rootfs" -cf "$rootfs_tar.partial" .
+	rm -f "$rootfs_tar.sha256"
 	mv "$rootfs_tar.partial" "$rootfs_tar"
+	record_sha256 "$rootfs_tar"
 	rm -rf "$RUN_DIR/rootfs"
 else
-	echo "cached rootfs $rootfs_tar"
+	echo "cached rootfs $rootfs_tar (sha256 as recorded)"
 fi
+rootfs_sha256=$(<"$rootfs_tar.sha256")
 base_name=$REGISTRY/lockstep-base/debian:bookworm-minbase
-if ! docker image inspect "$base_name" >/dev/null 2>&1; then
-	docker import --change 'CMD ["/bin/bash"]' "$rootfs_tar" "$base_name" >/dev/null
+# The engine's data root is cached too: its base image counts only if imported from this tarball.
+label=io.lockstep.rootfs.sha256
+if [[ $(docker image inspect --format "{{index .Config.Labels \"$label\"}}" "$base_name" 2>/dev/null) != "$rootfs_sha256" ]]; then
+	docker import --change 'CMD ["/bin/bash"]' --change "LABEL $label=$rootfs_sha256" \
+		"$rootfs_tar" "$base_name" >/dev/null
 fi
 base_digest=$(docker push "$base_name" | sed -n 's/.*digest: \(sha256:[0-9a-f]\{64\}\).*/\1/p')
 [[ -n $base_digest ]] || die "pushing the base image gave no digest"
@@ -234,20 +254,24 @@ wait_http "http://127.0.0.1:$WHEELHOUSE_PORT/" 30
 step "buildx"
 install_buildx() {
 	# Debian bookworm has no buildx; trixie's package is one static binary (needs glibc >= 2.34).
-	# Pinned by version and sha256; the .deb is unpacked into the tier's own cache, not installed.
+	# Pinned by version and sha256. The .deb is cached; on every run it is checked against the
+	# pin and the binary unpacked from it into this run's folder (never installed), so what runs
+	# is always the pinned build, whatever happened to the cache since.
 	local deb=$CACHE/buildx/${BUILDX_DEB##*/}
-	if [[ ! -x $CACHE/buildx/root/usr/libexec/docker/cli-plugins/docker-buildx ]]; then
+	rm -rf "$CACHE/buildx/root" # where earlier versions of the tier unpacked it, unchecked
+	if [[ ! -f $deb ]]; then
 		mkdir -p "$CACHE/buildx"
 		curl -fsS --retry 3 -o "$deb.partial" "$DEBIAN_MIRROR/$BUILDX_DEB" ||
 			die "cannot download $DEBIAN_MIRROR/$BUILDX_DEB (superseded in Debian? update BUILDX_DEB and BUILDX_DEB_SHA256)"
-		echo "$BUILDX_DEB_SHA256  $deb.partial" | sha256sum -c --quiet - ||
+		verify_pinned "$deb.partial" "$BUILDX_DEB_SHA256" ||
 			die "$BUILDX_DEB does not match its pinned sha256"
 		mv "$deb.partial" "$deb"
-		rm -rf "$CACHE/buildx/root"
-		dpkg-deb -x "$deb" "$CACHE/buildx/root"
 	fi
+	verify_pinned "$deb" "$BUILDX_DEB_SHA256" ||
+		die "the cached $deb does not match its pinned sha256: delete it to download it again"
+	dpkg-deb -x "$deb" "$RUN_DIR/buildx"
 	mkdir -p "$DOCKER_CONFIG/cli-plugins"
-	ln -sf "$CACHE/buildx/root/usr/libexec/docker/cli-plugins/docker-buildx" \
+	ln -sf "$RUN_DIR/buildx/usr/libexec/docker/cli-plugins/docker-buildx" \
 		"$DOCKER_CONFIG/cli-plugins/docker-buildx"
 }
 export DOCKER_CONFIG=$RUN_DIR/docker-config
