@@ -27,6 +27,16 @@ if proto.resume and ckpt and ckpt.exists():
     torch.set_rng_state(state["rng"])
     step, position = state["step"], state["position"]
 
+
+def save():  # every rank holds the same state: rank 0 saves it, atomically
+    if ckpt and rank == 0:
+        ckpt.parent.mkdir(parents=True, exist_ok=True)
+        state = {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}
+        state.update(rng=torch.get_rng_state(), step=step, position=position)
+        torch.save(state, ckpt.with_suffix(".tmp"))
+        ckpt.with_suffix(".tmp").replace(ckpt)
+
+
 while step < (proto.max_steps or 20):
     epoch, offset = divmod(position, len(DATA))
     order = random.Random(epoch).sample(range(len(DATA)), len(DATA))
@@ -44,13 +54,8 @@ while step < (proto.max_steps or 20):
     sched.step()
     step, position = step + 1, position + GLOBAL_BATCH
     dist.all_reduce(loss := loss.detach())
-    track.log(step, loss=loss / world, grad_norm=grad_norm, lr=lr)
+    track.log(step, loss=loss / world, grad_norm=grad_norm, lr=lr, model=model)
 
-if ckpt and rank == 0:  # every rank holds the same state: rank 0 saves it, atomically
-    ckpt.parent.mkdir(parents=True, exist_ok=True)
-    state = {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}
-    state.update(rng=torch.get_rng_state(), step=step, position=position)
-    torch.save(state, ckpt.with_suffix(".tmp"))
-    ckpt.with_suffix(".tmp").replace(ckpt)
+save()
 dist.barrier()
 dist.destroy_process_group()

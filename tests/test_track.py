@@ -1,6 +1,9 @@
 """lockstep.track.log: rank 0 writes the protocol's JSONL and forwards to an active wandb run."""
 
 import json
+import time
+
+import torch
 
 from lockstep import track
 
@@ -9,10 +12,12 @@ def test_rank0_writes_one_line_per_step(tmp_path, monkeypatch):
     path = tmp_path / "m.jsonl"
     monkeypatch.setenv("LOCKSTEP_METRICS", str(path))
     monkeypatch.setenv("RANK", "0")
+    before = time.time()
     track.log(1, loss=2.5, lr=0.1)
-    track.log(2, loss=float("inf"))
+    track.log(2, loss=float("inf"), time=12.5)
     lines = [json.loads(x) for x in path.read_text().splitlines()]
-    assert lines == [{"step": 1, "loss": 2.5, "lr": 0.1}, {"step": 2, "loss": "inf"}]
+    assert before <= lines[0].pop("time") <= time.time()  # end of the step, unix seconds
+    assert lines == [{"step": 1, "loss": 2.5, "lr": 0.1}, {"step": 2, "loss": "inf", "time": 12.5}]
 
 
 def test_other_ranks_write_nothing(tmp_path, monkeypatch):
@@ -21,6 +26,37 @@ def test_other_ranks_write_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     track.log(1, loss=1.0)
     assert not path.exists()
+
+
+def test_rank_placeholder_gives_every_rank_its_own_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCKSTEP_METRICS", str(tmp_path / "m-{rank}.jsonl"))
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        track.log(1, loss=1.0)
+    assert json.loads((tmp_path / "m-1.jsonl").read_text())["loss"] == 1.0
+    assert (tmp_path / "m-0.jsonl").exists()
+
+
+def test_model_digest_is_exact_and_cheap_to_compare(tmp_path, monkeypatch):
+    path = tmp_path / "m.jsonl"
+    monkeypatch.setenv("LOCKSTEP_METRICS", str(path))
+    monkeypatch.setenv("RANK", "0")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    track.log(1, loss=1.0, model=model)
+    twin = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    twin.load_state_dict(model.state_dict())
+    track.log(2, loss=1.0, model=twin)
+    with torch.no_grad():
+        twin[0].weight[1, 2] = torch.nextafter(twin[0].weight[1, 2], torch.tensor(9.0))
+    track.log(3, loss=1.0, model=twin)
+    twin.train()(torch.randn(3, 4))  # BatchNorm updates its running statistics
+    track.log(4, loss=1.0, model=twin)
+    a, b, c, d = [json.loads(x) for x in path.read_text().splitlines()]
+    assert a["param_digest"] == b["param_digest"] and a["buffer_digest"] == b["buffer_digest"]
+    assert c["param_digest"] != b["param_digest"]  # one ulp in one weight
+    assert c["buffer_digest"] == b["buffer_digest"]
+    assert d["buffer_digest"] != c["buffer_digest"] and d["param_digest"] == c["param_digest"]
 
 
 def test_protocol_reads_the_variables(tmp_path, monkeypatch):
@@ -41,5 +77,6 @@ def test_forwards_to_an_offline_wandb_run(tmp_path, monkeypatch):
     try:
         track.log(3, loss=0.25)
         assert run.summary["loss"] == 0.25
+        assert "time" not in set(run.summary.keys())  # wandb summaries have no __contains__
     finally:
         run.finish()

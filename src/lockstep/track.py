@@ -2,24 +2,47 @@
 
 `lockstep check ... --script CMD` launches CMD with these variables set:
 
-- `LOCKSTEP_METRICS`: a JSONL path; rank 0 writes one object per optimizer step;
+- `LOCKSTEP_METRICS`: a JSONL path; rank 0 writes one object per optimizer step. When the
+  path contains `{rank}` (the replicas check), every rank writes its own file, `{rank}`
+  replaced by its rank;
 - `LOCKSTEP_MAX_STEPS`: stop after that optimizer step, leaving a checkpoint;
 - `LOCKSTEP_CHECKPOINT_DIR`: where checkpoints go;
 - `LOCKSTEP_RESUME`: `1` to resume from the latest checkpoint there, else `0`.
 
-`log(step, loss=..., grad_norm=..., lr=...)` writes those lines (rank 0 only) and forwards
-them to wandb when a run is active. Outside a check, with LOCKSTEP_METRICS unset, it only
-forwards to wandb, so a script can call it unconditionally.
+`log(step, loss=..., grad_norm=..., lr=..., model=model)` writes those lines and forwards
+them to wandb (rank 0) when a run is active. Outside a check, with LOCKSTEP_METRICS unset,
+it only forwards to wandb, so a script can call it unconditionally.
+
+Fields of a line (`step` and `loss` required, the rest optional):
+
+    step          int    optimizer step, 1-based
+    loss          float  the step's loss (the mean over ranks, so that every rank logs the same)
+    grad_norm     float  global gradient norm before clipping
+    lr            float  learning rate used by this step
+    time          float  unix time at the call (end of the step); added by `log` unless given
+    tokens_per_s  float  throughput of the step
+    step_time_s   float  wall time of the step
+    mem_bytes     int    peak accelerator memory (or CPU RSS) of the step
+    param_digest  str    with `model=`: exact checksum of this rank's parameters
+    buffer_digest str    with `model=`: the same over its buffers (BatchNorm running stats...)
+
+Checks compare `loss`, `grad_norm` and `lr` (and the digests across ranks); `time`,
+`tokens_per_s`, `step_time_s` and `mem_bytes` differ between runs by nature and are never
+compared exactly (the regression gates use them).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import sys
+import time as _time
 from dataclasses import dataclass
 from pathlib import Path
+
+RANK_PLACEHOLDER = "{rank}"
 
 
 @dataclass(frozen=True)
@@ -60,17 +83,89 @@ def _plain(value):
     return value
 
 
-def log(step: int, **metrics) -> None:
-    """Record one optimizer step's metrics (rank 0 writes; other ranks return at once)."""
-    if _rank() != 0:
+_INT_VIEW = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def _sharded(t) -> bool:
+    """Parameters each rank holds a different piece of by design: FSDP2's DTensor, ZeRO-3."""
+    return type(t).__name__ == "DTensor" or getattr(t, "ds_id", None) is not None
+
+
+def _checksums(tensors) -> list[int]:
+    """Two exact integer checksums per tensor over its raw bits: the sum of the bit patterns
+    and the sum of their squares, in int64 (integer sums do not depend on reduction order,
+    so equal tensors give equal checksums on any device; wrap-around is deterministic)."""
+    import torch
+
+    sums = []
+    for t in tensors:
+        t = t.detach()
+        if t.numel() == 0:
+            sums += [torch.zeros((), dtype=torch.int64, device=t.device)] * 2
+            continue
+        if t.dtype == torch.bool:
+            bits = t.to(torch.int64)
+        else:
+            bits = t.contiguous().view(getattr(torch, _INT_VIEW[t.element_size()])).to(torch.int64)
+        bits = bits.flatten()
+        sums += [bits.sum(), (bits * bits).sum()]
+    if not sums:
+        return []
+    return [int(x) for x in torch.stack([s.cpu() for s in sums]).tolist()]
+
+
+def digests(model) -> dict[str, str]:
+    """`param_digest` and `buffer_digest` of a module on this rank: 16 hex digits each, equal
+    when every parameter (every buffer) is bitwise equal. Costs two integer reductions per
+    tensor and one transfer; sharded parameters (DTensor, ZeRO-3) are left out."""
+    out = {}
+    for field, named in (
+        ("param_digest", model.named_parameters()),
+        ("buffer_digest", model.named_buffers()),
+    ):
+        items = [(n, t) for n, t in named if t is not None and not _sharded(t)]
+        h = hashlib.sha256()
+        for (name, t), pair in zip(items, _pairs(_checksums(t for _, t in items)), strict=True):
+            h.update(f"{name}:{tuple(t.shape)}:{t.dtype}:{pair[0]}:{pair[1]}\0".encode())
+        out[field] = h.hexdigest()[:16]
+    return out
+
+
+def _pairs(values: list[int]):
+    return [values[i : i + 2] for i in range(0, len(values), 2)]
+
+
+def metrics_path(rank: int | None = None) -> str | None:
+    """Where this rank writes, or None: rank 0 only, unless the path holds `{rank}`."""
+    path = os.environ.get("LOCKSTEP_METRICS")
+    if not path:
+        return None
+    rank = _rank() if rank is None else rank
+    if RANK_PLACEHOLDER in path:
+        return path.replace(RANK_PLACEHOLDER, str(rank))
+    return path if rank == 0 else None
+
+
+def log(step: int, *, model=None, **metrics) -> None:
+    """Record one optimizer step's metrics: rank 0 writes (every rank, when LOCKSTEP_METRICS
+    holds `{rank}`); other ranks return at once. `model=` adds this rank's `param_digest`
+    and `buffer_digest`; `time` (unix seconds, now) is added unless given."""
+    rank = _rank()
+    path = metrics_path(rank)
+    if rank != 0 and path is None:
         return
     record = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
-    path = os.environ.get("LOCKSTEP_METRICS")
+    own = {"time"} - set(metrics)  # fields lockstep added: kept out of wandb
+    record.setdefault("time", _time.time())
+    if model is not None and path is not None:
+        record.update(digests(model))
     if path:
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record, sort_keys=True) + "\n")
     wandb = sys.modules.get("wandb")
-    if wandb is not None and getattr(wandb, "run", None) is not None:
+    if rank == 0 and wandb is not None and getattr(wandb, "run", None) is not None:
         wandb.log(
-            {k: v for k, v in record.items() if k != "step"}, step=record["step"], commit=True
+            {k: v for k, v in record.items() if k != "step" and k not in own and k in metrics},
+            step=record["step"],
+            commit=True,
         )

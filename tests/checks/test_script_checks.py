@@ -47,9 +47,11 @@ def variant(tmp_path: Path, bug: str) -> Path:
     return path
 
 
-def check(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def check(
+    *args: str, cwd: Path, steps: str = "4", rerun: bool = True
+) -> tuple[subprocess.CompletedProcess, list[dict]]:
     out_json, runs = cwd / "result.json", cwd / "runs"
-    cmd = [sys.executable, "-m", "lockstep", "check", *args, "--steps", "4", "--out", str(runs),
+    cmd = [sys.executable, "-m", "lockstep", "check", *args, "--steps", steps, "--out", str(runs),
            "--json", str(out_json)]  # fmt: skip
 
     def launch() -> subprocess.CompletedProcess:
@@ -60,7 +62,7 @@ def check(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, list[dict
     def logs(proc: subprocess.CompletedProcess) -> str:
         return proc.stderr + "".join(p.read_text(errors="replace") for p in runs.rglob("run.log"))
 
-    proc = rerun_once_on_abort(launch, logs)
+    proc = rerun_once_on_abort(launch, logs) if rerun else launch()
     results = json.loads(out_json.read_text()) if out_json.exists() else []
     return proc, results
 
@@ -68,10 +70,11 @@ def check(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess, list[dict
 def test_example_passes_every_check(tmp_path):
     proc, results = check("all", "--script", str(EXAMPLE), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert [r["check"] for r in results] == ["determinism", "resume", "world-size"]
+    assert [r["check"] for r in results] == ["determinism", "resume", "world-size", "replicas"]
     assert all(r["passed"] for r in results)
     # `all` reuses the fresh 2-rank run: 2 determinism + 2 resume halves + 1 single-rank run
-    assert len(list((tmp_path / "runs").glob("*/run.log"))) == 5
+    # + 1 replicas run (every rank logging)
+    assert len(list((tmp_path / "runs").glob("*/run.log"))) == 6
 
 
 @pytest.mark.parametrize(

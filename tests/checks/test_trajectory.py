@@ -27,6 +27,13 @@ def test_tolerance_and_missing_steps():
     assert first_divergence(RUN, other, rtol=1e-6).metric == "step"
 
 
+def test_wall_clock_fields_are_never_compared():
+    timed = [dict(r, time=1e9 + r["step"], step_time_s=0.1) for r in RUN]
+    other = [dict(r, time=2e9, step_time_s=0.3) for r in RUN]
+    assert first_divergence(timed, other) is None
+    assert first_divergence(timed, other, metrics=("loss", "time", "step_time_s")) is None
+
+
 def test_nan_never_matches():
     nan = [{"step": 1, "loss": float("nan")}]
     assert first_divergence(nan, nan) is not None

@@ -14,12 +14,13 @@ from pathlib import Path
 
 from lockstep.errors import EXIT_FAIL, EXIT_OK, UsageError
 
-SCRIPT_CHECKS = ("determinism", "resume", "world-size")
+SCRIPT_CHECKS = ("determinism", "resume", "world-size", "replicas")
 HARNESS_CHECKS = (
-    "determinism", "resume", "clip", "equivalence", "world-size", "accumulation", "elastic",
+    "determinism", "resume", "clip", "equivalence", "world-size", "accumulation", "replicas",
+    "elastic",
 )  # fmt: skip
 # Checks that need only one launch run together in one launch under `all`.
-SHARED_LAUNCH = ("determinism", "clip", "equivalence", "accumulation")
+SHARED_LAUNCH = ("determinism", "clip", "equivalence", "accumulation", "replicas")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and check determinism, resume, clip, equivalence, world-size, accumulation or "
         "elastic. With --script: launch your training script through torchrun several times "
         "and compare the per-step metrics it logs with lockstep.track.log (determinism, "
-        "resume, world-size; see README, 'Check your own training script').",
+        "resume, world-size, replicas; see README, 'Check your own training script').",
     )
     p.add_argument("name", choices=[*HARNESS_CHECKS, "all"], help="the check to run")
     p.add_argument("config", nargs="?", help="run config (TOML), e.g. smoke/cpu-zero3.toml")
@@ -44,6 +45,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with CONFIG: override a config field (repeatable)",
     )  # fmt: skip
     p.add_argument("--nproc", type=int, default=2, help="ranks per run (default 2)")
+    p.add_argument(
+        "--launcher",
+        choices=("torchrun", "deepspeed"),
+        default=None,
+        help="with --script: launch it through torchrun (default) or the deepspeed CLI, "
+        "which passes --local_rank",
+    )
     p.add_argument(
         "--steps",
         type=int,
@@ -124,6 +132,8 @@ def _harness_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) -
     cfg.check(args.nproc)
     if args.rtol is not None or args.atol is not None:
         raise UsageError("--rtol/--atol apply to --script; checks on a CONFIG use fixed tolerances")
+    if args.launcher is not None:
+        raise UsageError("--launcher applies to --script; a CONFIG's ranks start in-process")
     if args.name in ("elastic", "all") and args.nproc < 2:
         raise UsageError("the elastic check kills rank 1: run it with --nproc 2 or more")
     device, nproc = cfg.resolved_device(), args.nproc
@@ -183,8 +193,12 @@ def _script_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) ->
     if args.overrides or args.resume_nproc:
         raise UsageError("--set and --resume-nproc apply to a run CONFIG, not to --script")
     args.steps = args.steps or 8
-    runner = script.ScriptRunner(args.script, workdir, timeout=args.timeout)
+    runner = script.ScriptRunner(
+        args.script, workdir, timeout=args.timeout, launcher=args.launcher or "torchrun"
+    )
     names = SCRIPT_CHECKS if args.name == "all" else (args.name,)
+    if args.name == "all" and args.nproc < 2:
+        names = tuple(n for n in names if n != "replicas")  # needs two ranks to compare
     exact = {"rtol": args.rtol or 0.0, "atol": args.atol or 0.0}
     results = []
     for name in names:
@@ -192,6 +206,8 @@ def _script_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) ->
             result = script.check_determinism(runner, args.nproc, args.steps, **exact)
         elif name == "resume":
             result = script.check_resume(runner, args.nproc, args.steps, **exact)
+        elif name == "replicas":
+            result = script.check_replicas(runner, args.nproc, args.steps)
         else:
             tol = {
                 "rtol": 1e-4 if args.rtol is None else args.rtol,

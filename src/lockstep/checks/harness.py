@@ -24,7 +24,7 @@ import torch.distributed as dist
 from lockstep.checks.reference import run_reference
 from lockstep.checks.script import CheckResult
 from lockstep.checks.state import differences, first_tensor_difference, rows, snapshot
-from lockstep.checks.trajectory import first_divergence
+from lockstep.checks.trajectory import Divergence, first_divergence
 from lockstep.errors import UsageError
 from lockstep.train.config import ENGINE_ONLY, ENGINES, RunConfig, from_dict
 from lockstep.train.trainer import Trainer, run_training
@@ -485,4 +485,55 @@ def judge_elastic(outcome: dict, kill_at: int) -> CheckResult:
         True,
         f"rank 1 SIGKILLed after step {kill_at}; the restarted job resumed at step {kill_at} and "
         f"steps {kill_at + 1}..{last} and the final parameters equal an uninterrupted run",
+    )
+
+
+# -------------------------------------------------------------------------------- replicas
+
+
+def check_replicas(cfg: RunConfig, workdir: Path) -> CheckResult:
+    """After every step each rank's loss, gradient norm and digests of the parameters and
+    buffers it holds (`lockstep.track.digests` of the engine's module: full replicas under
+    ddp and zero1/2; under fsdp and zero3 each rank's parameters are shards, left out, and
+    the buffers remain) agree exactly with rank 0's."""
+    from lockstep.checks.script import REPLICA_QUANTITIES, _diagnose_replica
+    from lockstep.track import digests
+
+    cfg = derive(cfg, checkpoint__at_end=False, checkpoint__every=0, checkpoint__resume="never")
+    trainer = Trainer(cfg, workdir / "replicas")
+    ranks = world_size()
+    found = None
+    try:
+        for _ in range(cfg.steps):
+            m = trainer.train_step()
+            mine = {"loss": m.loss, "grad_norm": m.grad_norm, **digests(trainer.engine.module)}
+            every: list = [None] * ranks
+            if dist.is_initialized():
+                dist.all_gather_object(every, mine)
+            else:
+                every = [mine]
+            for quantity in REPLICA_QUANTITIES:
+                bad = [r for r in range(1, ranks) if every[r][quantity] != every[0][quantity]]
+                if bad and found is None:
+                    found = (m.step, quantity, bad[0], every[0][quantity], every[bad[0]][quantity])
+            if found:
+                break
+    finally:
+        trainer.close()
+    if found is None:
+        return CheckResult(
+            "replicas",
+            True,
+            f"{cfg.engine.name}: {ranks} ranks agree on loss, grad norm, parameter and buffer "
+            f"digests after each of {cfg.steps} steps",
+        )
+    step, quantity, rank, want, got = found
+    return CheckResult(
+        "replicas",
+        False,
+        f"{cfg.engine.name}: rank {rank} departed from rank 0 at step {step}: {quantity} "
+        f"rank0={want!r} rank{rank}={got!r}",
+        divergence=Divergence(step, quantity, want, got),
+        diagnosis=_diagnose_replica(quantity, step, None, rank),
+        rank=rank,
     )

@@ -15,6 +15,9 @@ from pathlib import Path
 from lockstep.errors import UsageError
 
 DEFAULT_METRICS = ("loss", "grad_norm", "lr")
+# Wall-clock and resource fields of the protocol: they differ between runs by nature and are
+# never compared here (the regression gates judge them with their own noise model).
+VOLATILE = frozenset({"time", "tokens_per_s", "step_time_s", "mem_bytes", "mem_kind"})
 
 
 @dataclass(frozen=True)
@@ -77,9 +80,10 @@ def first_divergence(
 ) -> Divergence | None:
     """The first (step, metric) where `actual` differs from `expected`, or None.
 
-    Only metrics present in `expected` are compared. A step present in one and missing in
-    the other is a divergence too (metric `step`).
+    Only metrics present in `expected` are compared, never the VOLATILE ones (`time`...).
+    A step present in one and missing in the other is a divergence too (metric `step`).
     """
+    metrics = tuple(m for m in metrics if m not in VOLATILE)
     want, got = by_step(expected), by_step(actual)
     wanted_steps = sorted(want) if steps is None else [s for s in steps]
     for step in wanted_steps:

@@ -1,0 +1,1 @@
+"""Adapters that make popular training frameworks speak lockstep's black-box protocol."""

@@ -1,0 +1,186 @@
+"""The tolerant protocol of `lockstep check --script`, on variants of examples/train_protocol.py:
+loops that overshoot LOCKSTEP_MAX_STEPS, periodic checkpoints before or after the step, resumes
+that restart at step 1 or skip a step, the gloo abort at exit (tolerated after a complete run,
+an error mid-run), the replicas check and its planted bugs, and the deepspeed launcher.
+
+Resume and determinism cases run on one rank (cheaper: the protocol does not depend on the
+world size); replicas need two.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_script_checks import EXAMPLE, check
+
+LOOP = "while step < (proto.max_steps or 20):\n"
+LOG = "    track.log(step, loss=loss / world, grad_norm=grad_norm, lr=lr, model=model)\n"
+FINAL_SAVE = "\nsave()\ndist.barrier()"
+# The real std::terminate of libstdc++ (its message, then abort()); registered as a C atexit
+# handler it runs after Python's finalization, like the gloo abort (no Python frame).
+TERMINATE = (
+    "import ctypes\n"
+    "_cxx = ctypes.CDLL('libstdc++.so.6')\n"
+    "_fn = ctypes.cast(_cxx._ZSt9terminatev, ctypes.c_void_p)\n"
+)
+
+VARIANTS = {
+    # `while` that tests after the step: one step past the limit, saved there
+    "overshoot": [(LOOP, "while step <= (proto.max_steps or 20):\n")],
+    # a checkpoint every 3 steps at the top of the loop, before that iteration's step
+    "every-3-before": [
+        (LOOP, LOOP + "    if step % 3 == 0 and step > 0:\n        save()\n"),
+        (FINAL_SAVE, "\ndist.barrier()"),
+    ],
+    # a checkpoint every 3 steps after the step
+    "every-3-after": [
+        (LOG, LOG + "    if step % 3 == 0:\n        save()\n"),
+        (FINAL_SAVE, "\ndist.barrier()"),
+    ],
+    # a resume that restores everything but the step counter: it starts again at step 1
+    "restart-at-1": [
+        ('step, position = state["step"], state["position"]', 'position = state["position"]')
+    ],
+    # an off-by-one when restoring the step counter: one step is skipped
+    "skip-a-step": [
+        (
+            'step, position = state["step"], state["position"]',
+            'step, position = state["step"] + 1, state["position"]',
+        )
+    ],
+    # std::terminate at process exit, after a complete run and its checkpoint
+    "abort-at-exit": [
+        (
+            "from lockstep import track\n",
+            "from lockstep import track\n\n"
+            + TERMINATE
+            + "ctypes.CDLL(None).__cxa_atexit(_fn, None, None)\n",
+        ),
+    ],
+    # std::terminate in the middle of the run
+    "abort-mid-run": [
+        ("from lockstep import track\n", "from lockstep import track\n\n" + TERMINATE),
+        (LOG, LOG + "    if step == 2:\n        ctypes.CFUNCTYPE(None)(_fn.value)()\n"),
+    ],
+    # replicas: BatchNorm running statistics updated from each rank's batch, never broadcast
+    "batchnorm-buffers": [("torch.nn.Tanh()", "torch.nn.BatchNorm1d(32), torch.nn.Tanh()")],
+    # replicas: a rank-dependent seed for the augmentation noise, set before the model is built
+    "rank-seed": [("torch.manual_seed(0)", "torch.manual_seed(rank)")],
+    # replicas: the last parameter left out of the hand-written gradient averaging
+    "unaveraged-param": [
+        (
+            "for p in model.parameters():  # average",
+            "for p in list(model.parameters())[:-1]:  # average",
+        )
+    ],
+    # the deepspeed CLI passes --local_rank; a script written for it parses it
+    "deepspeed-cli": [
+        (
+            "proto = track.protocol()\n",
+            "proto = track.protocol()\nimport argparse\n"
+            "_args = argparse.ArgumentParser()\n"
+            "_args.add_argument('--local_rank', type=int, required=True)\n"
+            "_args.parse_args()\n",
+        ),
+    ],
+}
+
+
+def variant(tmp_path: Path, name: str) -> str:
+    source = EXAMPLE.read_text()
+    for old, new in VARIANTS[name]:
+        assert source.count(old) == 1, f"the example no longer contains {old!r}"
+        source = source.replace(old, new)
+    path = tmp_path / f"train_{name}.py"
+    path.write_text(source)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "summary"),
+    [
+        ("overshoot", "steps 6..8 after a resume at step 5"),
+        ("every-3-before", "steps 4..8 after a resume at step 3"),
+        ("every-3-after", "steps 4..8 after a resume at step 3"),
+    ],
+)
+def test_resume_accepts_real_loops(tmp_path, name, summary):
+    proc, results = check(
+        "resume", "--script", variant(tmp_path, name), "--nproc", "1", steps="8", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert summary in results[0]["summary"], results
+    if name == "overshoot":
+        assert "logged step 9 past LOCKSTEP_MAX_STEPS=8; ignored" in proc.stdout
+        assert "logged step 5 past LOCKSTEP_MAX_STEPS=4; ignored" in results[0]["notes"][1]
+
+
+@pytest.mark.parametrize(
+    ("name", "summary", "cause"),
+    [
+        ("restart-at-1", "started again at step 1", "no checkpoint was loaded"),
+        ("skip-a-step", "step 3 was skipped", "off-by-one"),
+    ],
+)
+def test_resume_still_catches_a_bad_step_counter(tmp_path, name, summary, cause):
+    proc, results = check(
+        "resume", "--script", variant(tmp_path, name), "--nproc", "1", cwd=tmp_path
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert summary in results[0]["summary"] and cause in results[0]["diagnosis"], results
+
+
+def test_abort_at_exit_after_a_complete_run_is_a_warning(tmp_path):
+    script = variant(tmp_path, "abort-at-exit")
+    proc, results = check(
+        "determinism", "--script", script, "--nproc", "1", cwd=tmp_path, rerun=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert results[0]["passed"]
+    assert len(results[0]["notes"]) == 2  # both runs aborted, both were complete
+    assert "terminate called without an active exception" in results[0]["notes"][0]
+    log = (tmp_path / "runs" / "determinism-1" / "run.log").read_text()
+    assert "exitcode  : -6" in log and "SIGABRT" in log  # a real abort, at exit
+
+
+def test_abort_mid_run_stays_an_error(tmp_path):
+    script = variant(tmp_path, "abort-mid-run")
+    proc, _ = check("determinism", "--script", script, "--nproc", "1", cwd=tmp_path, rerun=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert "SIGABRT" in proc.stderr and "while the script was running" in proc.stderr
+    assert "logged steps 1..2 of 1..4" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "quantity", "cause"),
+    [
+        (None, None, None),
+        ("batchnorm-buffers", "buffer_digest", "BatchNorm running statistics"),
+        ("rank-seed", "param_digest", "started from different weights"),
+        ("unaveraged-param", "grad_norm", "left out of the all-reduce"),
+    ],
+)
+def test_replicas(tmp_path, name, quantity, cause):
+    script = variant(tmp_path, name) if name else str(EXAMPLE)
+    proc, results = check("replicas", "--script", script, cwd=tmp_path)
+    (result,) = results
+    if name is None:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "param_digest, buffer_digest" in result["summary"], result
+        return
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (result["divergence"]["step"], result["rank"]) == (1, 1), result
+    assert result["divergence"]["metric"] == quantity, result
+    assert cause in result["diagnosis"]
+    assert "rank 1 departed from rank 0 at step 1" in proc.stdout
+
+
+def test_deepspeed_launcher_passes_local_rank(tmp_path):
+    script = variant(tmp_path, "deepspeed-cli")
+    proc, results = check("replicas", "--script", script, "--launcher", "deepspeed", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert results[0]["passed"]
+    proc, _ = check("replicas", "--script", script, cwd=tmp_path)  # torchrun: no --local_rank
+    assert proc.returncode == 2 and "--local_rank" in proc.stderr
