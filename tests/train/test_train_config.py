@@ -44,7 +44,7 @@ def test_missing_model_factory(capsys):
 
 def test_unknown_key_is_named(capsys):
     line = train_error(capsys, "--set", "optimizer.learning_rate=1")
-    assert "optimizer.learning_rate: unknown key" in line
+    assert "unknown key 'optimizer.learning_rate'" in line
 
 
 def test_inf_norm_rejected_for_zero(capsys):

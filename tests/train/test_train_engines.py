@@ -117,7 +117,8 @@ def test_cli_writes_metrics_checkpoints_and_wandb(cli_run):
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert set(rows[0]) == {
         "step", "loss", "grad_norm", "clip_coef", "lr", "tokens", "tokens_per_s",
-        "step_time_s", "mem_bytes", "mem_kind", "loss_scale", "skipped",
+        "step_time_s", "mem_bytes", "mem_kind", "loss_scale", "skipped", "mem_frac",
+        "sync_time_s", "time",
     }  # fmt: skip
     assert rows[0]["mem_kind"] == "cpu_rss" and rows[0]["tokens"] == 4 * 2 * 2 * 32
     ckpts = out / "checkpoints"

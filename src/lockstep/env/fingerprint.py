@@ -418,6 +418,8 @@ def _determinism(torch) -> dict:
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        # The vector ISA torch's CPU kernels dispatch to: CPU results differ across it.
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
 
 

@@ -33,7 +33,7 @@ def register(subparsers) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from lockstep.errors import UsageError
+    from lockstep.errors import EXIT_FAIL, UsageError
     from lockstep.train import launch
     from lockstep.train.config import load_config
 
@@ -50,8 +50,8 @@ def run_train(args: argparse.Namespace) -> int:
 
     result = run_training(cfg, out)  # checks the config itself; rank 0 verifies the checkpoint
     if dist_rank() == 0:
-        print(f"lockstep: trained to step {result.final_step}, digest {result.param_digest[:16]}")
-    return 0
+        print(f"lockstep: {result.summary()}")
+    return EXIT_FAIL if result.stopped_by else 0
 
 
 def dist_rank() -> int:

@@ -98,6 +98,24 @@ class LoggingConfig(_Section):
     progress: bool = True
 
 
+class AlertsConfig(_Section):
+    enabled: bool = True
+    rules: str = Field("default", description="'default' (lockstep's rules) or a TOML rules file")
+    rule: list[dict[str, Any]] = Field(
+        default_factory=list, description="more rules inline ([[alerts.rule]]), same keys"
+    )
+
+    def load(self):
+        """The rules this run evaluates (`lockstep.gate.alerts`); UsageError when malformed."""
+        from lockstep.gate import alerts
+
+        if not self.enabled:
+            return []
+        return alerts.load_rules(self.rules) + alerts.parse_rules(
+            {"rule": self.rule}, "config [[alerts.rule]]"
+        )
+
+
 class RunConfig(_Section):
     seed: int = 1234
     steps: int = Field(8, gt=0)
@@ -113,6 +131,7 @@ class RunConfig(_Section):
     clip: ClipConfig = Field(default_factory=ClipConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    alerts: AlertsConfig = Field(default_factory=AlertsConfig)
 
     def resolved_device(self) -> str:
         if self.device != "auto":
@@ -166,6 +185,7 @@ class RunConfig(_Section):
             raise UsageError(f"precision='{self.precision}' needs a GPU; CPU runs use 'fp32'")
         if e.ds_config and not Path(e.ds_config).is_file():
             raise UsageError(f"engine.ds_config: no such file {e.ds_config}")
+        self.alerts.load()
         for key, spec in (
             ("model.factory", self.model.factory),
             ("data.factory", self.data.factory),
@@ -217,8 +237,10 @@ def _one_line(err: ValidationError, source: str) -> str:
     parts = []
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-        parts.append(f"{key}: {msg}")
+        if e["type"] == "extra_forbidden":  # said this way, a key named like a secret stays legible
+            parts.append(f"unknown key '{key}'")
+        else:
+            parts.append(f"{key}: {e['msg']}")
     return f"{source}: " + "; ".join(parts)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from lockstep.errors import LockstepError, UsageError
+from lockstep.errors import EXIT_FAIL, LockstepError, UsageError
 from lockstep.local_ranks import run_local
 from lockstep.train.config import RunConfig, from_dict
 
@@ -75,7 +75,7 @@ def rank_main(config: dict, out_dir: str) -> tuple[int, str]:
         result = run_training(from_dict(config), out_dir)
     except LockstepError as err:
         return err.exit_code, str(err)
-    return 0, f"trained to step {result.final_step}, parameter digest {result.param_digest[:16]}"
+    return (EXIT_FAIL if result.stopped_by else 0), result.summary()
 
 
 def start_local_ranks(cfg: RunConfig, nproc: int, out_dir: Path) -> str:

@@ -14,8 +14,15 @@ JSONL schema (`metrics.jsonl`, one object per optimizer step; the field names ma
     step_time_s   float  wall time of the step on rank 0
     mem_bytes     int    peak GPU memory allocated (cuda) or resident set size (cpu) on rank 0
     mem_kind      str    "cuda_peak_allocated" or "cpu_rss"
+    mem_frac      float  mem_bytes as a fraction of the device's (cuda) or machine's (cpu) total
+    sync_time_s   float  time rank 0 spent in the step's loss all-reduce: waiting for the slowest
+                         rank shows here
+    time          float  unix seconds at the end of the step
     loss_scale    float|null  fp16 dynamic loss scale, else null
     skipped       bool   fp16 overflow: the update was skipped
+
+Alerts (`[alerts]`, `lockstep.gate.alerts`) are lines of their own with `"event": "alert"`;
+readers of step rows skip lines that have an `event`.
 
 A resumed run appends to the same file; after a restart from an earlier checkpoint (elastic),
 steps past that checkpoint appear again, and the last row for a step is the one that counts.
@@ -47,6 +54,18 @@ class StepMetrics:
     mem_kind: str
     loss_scale: float | None
     skipped: bool
+    mem_frac: float = 0.0
+    sync_time_s: float = 0.0
+    time: float = 0.0
+
+
+def memory_total(device: torch.device) -> int:
+    """The memory `memory()` is a share of: the GPU's, or the machine's."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    import psutil
+
+    return psutil.virtual_memory().total
 
 
 def memory(device: torch.device) -> tuple[int, str]:
@@ -78,17 +97,21 @@ class MetricsSink:
         self.path = out_dir / "metrics.jsonl"
         self.file = self.path.open("a")
         self.wandb_run = None
+        self.mode = cfg.logging.wandb
         if cfg.logging.wandb != "disabled":
             import wandb
 
-            self.wandb_run = wandb.init(
-                project=cfg.logging.project,
-                name=cfg.logging.run_name or None,
-                dir=str(out_dir),
-                mode=cfg.logging.wandb,
-                config=run_config,  # already redacted
-                reinit="finish_previous",
-            )
+            from lockstep.redact import scrub_text, scrubbed_argv
+
+            with scrubbed_argv():  # wandb records the command line (`--set` values too)
+                self.wandb_run = wandb.init(
+                    project=scrub_text(cfg.logging.project),
+                    name=scrub_text(cfg.logging.run_name) if cfg.logging.run_name else None,
+                    dir=str(out_dir),
+                    mode=cfg.logging.wandb,
+                    config=run_config,  # already redacted
+                    reinit="finish_previous",
+                )
             digests = fingerprint_digests()
             if digests is not None:
                 self.wandb_run.config.update({"fingerprint": digests})
@@ -114,10 +137,26 @@ class MetricsSink:
         self.file.flush()
         if self.wandb_run is not None:
             self.wandb_run.log(
-                {k: v for k, v in row.items() if k not in ("step", "mem_kind")}, step=m.step
+                {k: v for k, v in row.items() if k not in ("step", "mem_kind", "time")}, step=m.step
             )
         if self.progress is not None:
             self.progress.update(self.task, completed=m.step, loss=f"{m.loss:.4f}")
+
+    def alert(self, alert) -> None:
+        """An alert (`lockstep.gate.alerts.Alert`): a line in metrics.jsonl, a line on stderr,
+        and a wandb alert where the run is online."""
+        import sys
+
+        self.file.write(json.dumps(alert.row()) + "\n")
+        self.file.flush()
+        message = f"lockstep: {alert.message()}"
+        if self.progress is not None:
+            self.progress.console.print(message, markup=False, style="bold red")
+        else:
+            print(message, file=sys.stderr, flush=True)
+        if self.wandb_run is not None and self.mode == "online":
+            level = "ERROR" if alert.action == "stop" else "WARN"
+            self.wandb_run.alert(title=f"lockstep: {alert.rule}", text=alert.message(), level=level)
 
     def close(self) -> None:
         if self.progress is not None:
@@ -129,6 +168,9 @@ class MetricsSink:
 
 class NullSink:
     def log(self, m: StepMetrics) -> None:
+        pass
+
+    def alert(self, alert) -> None:
         pass
 
     def close(self) -> None:

@@ -13,7 +13,7 @@ import json
 import os
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from lockstep.errors import UsageError
+from lockstep.gate.alerts import Evaluator
 from lockstep.redact import redact_mapping
 from lockstep.train import checkpoint
 from lockstep.train.config import RunConfig
@@ -29,7 +30,7 @@ from lockstep.train.data import build_stream
 from lockstep.train.engines import Engine, build_engine
 from lockstep.train.engines.base import Context
 from lockstep.train.launch import check_launch_vars
-from lockstep.train.metrics import MetricsSink, NullSink, StepMetrics, memory
+from lockstep.train.metrics import MetricsSink, NullSink, StepMetrics, memory, memory_total
 from lockstep.train.model import build_model, vocab_size
 
 PG_TIMEOUT = timedelta(minutes=10)
@@ -47,6 +48,16 @@ class TrainResult:
     out_dir: Path
     params: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     optimizer_state: dict[str, dict[str, torch.Tensor]] | None = field(default=None, repr=False)
+    stopped_by: str | None = None  # the alert rule (action = "stop") that ended the run early
+
+    def summary(self) -> str:
+        """One line for the user: where the run ended and why."""
+        if self.stopped_by:
+            return (
+                f"stopped at step {self.final_step} by alert {self.stopped_by}; checkpoint "
+                f"{self.checkpoint}"
+            )
+        return f"trained to step {self.final_step}, parameter digest {self.param_digest[:16]}"
 
 
 def parameter_digest(params: dict[str, torch.Tensor]) -> str:
@@ -127,6 +138,9 @@ class Trainer:
         )
         self.step = 0
         self.last_checkpoint: Path | None = None
+        self.mem_total = memory_total(self.ctx.device)
+        self.alert_rules = cfg.alerts.load()
+        self.stopped_by: str | None = None  # the alert that ended the run early
         self._resume()
 
     def _resume(self) -> None:
@@ -158,9 +172,11 @@ class Trainer:
         start = time.perf_counter()
         outcome = self.engine.step(self.stream.micro_batches())
         loss = outcome.loss.clone()
-        dist.all_reduce(loss)
+        sync_start = time.perf_counter()
+        dist.all_reduce(loss)  # every rank waits here for the slowest one
         loss_value = float(loss) / self.world_size
-        elapsed = time.perf_counter() - start
+        end = time.perf_counter()
+        elapsed, sync = end - start, end - sync_start
         self.step += 1
         tokens = self.global_size * self.cfg.data.seq_len
         mem, kind = memory(self.ctx.device)
@@ -177,6 +193,9 @@ class Trainer:
             mem_kind=kind,
             loss_scale=outcome.loss_scale,
             skipped=outcome.skipped,
+            mem_frac=mem / self.mem_total,
+            sync_time_s=sync,
+            time=time.time(),
         )
 
     def train(self, stop_at: int | None = None, capture_state: bool = False) -> TrainResult:
@@ -186,10 +205,24 @@ class Trainer:
         sink = self.open_metrics(start, end)
         rows = []
         every, at_end = self.cfg.checkpoint.every, self.cfg.checkpoint.at_end
+        alerts = Evaluator(self.alert_rules) if self.rank == 0 else None
+        may_stop = any(rule.action == "stop" for rule in self.alert_rules)
         try:
             while self.step < end:
                 rows.append(self.train_step())
                 sink.log(rows[-1])
+                stop = None
+                if alerts is not None:
+                    for alert in alerts.feed(asdict(rows[-1])):
+                        sink.alert(alert)
+                        if alert.action == "stop" and stop is None:
+                            stop = alert.rule
+                if may_stop:
+                    stop = self._agree_on_stop(stop)
+                if stop is not None:
+                    self.stopped_by = stop
+                    self.save()  # a clean end: the state that raised the alert, resumable
+                    break
                 if (every and self.step % every == 0) or (at_end and self.step == end):
                     self.save()
         finally:
@@ -204,7 +237,18 @@ class Trainer:
             out_dir=self.out_dir,
             params=params if capture_state else None,
             optimizer_state=self.engine.full_optimizer_state() if capture_state else None,
+            stopped_by=self.stopped_by,
         )
+
+    def _agree_on_stop(self, rule: str | None) -> str | None:
+        """Rank 0's decision to stop, sent to every rank (one small broadcast per step)."""
+        flag = torch.tensor([0 if rule is None else 1], device=self.ctx.device)
+        dist.broadcast(flag, src=0)
+        if not flag.item():
+            return None
+        name = [rule]
+        dist.broadcast_object_list(name, src=0)  # only once, when the run stops
+        return name[0]
 
     def open_metrics(self, start: int, end: int) -> MetricsSink | NullSink:
         """Rank 0's JSONL/wandb/progress sink (a no-op sink elsewhere) for steps start..end."""

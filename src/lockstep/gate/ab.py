@@ -1,0 +1,200 @@
+"""The performance A/B gate: base and head alternated on the same machine in one job.
+
+A stored speed baseline fails on a shared runner whenever the machine is busier than it was
+when the baseline was taken. Alternating base (a git ref, checked out into a temporary
+worktree) and head (the working tree) round by round exposes both to the same load, and the
+order flips every round (ABBA) so a drift over the job favours neither. A change is called
+only when the ratio of medians passes the threshold *and* a one-sided Mann-Whitney U test over
+the rounds is significant; the ratio comes with a bootstrap interval.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from lockstep.errors import UsageError
+from lockstep.gate import stats
+from lockstep.gate.compare import Finding
+from lockstep.gate.job import Job
+from lockstep.gate.run import Run, summary
+
+# Run-level figures compared, and which way is worse.
+FIGURES = {
+    "step_time_s": "lower",
+    "tokens_per_s": "higher",
+    "peak_rss_bytes": "lower",
+    "mem_bytes": "lower",
+    "gpu_mem_bytes": "lower",
+    "wall_s": "lower",
+}
+
+
+@dataclass
+class Comparison:
+    figure: str
+    base: list[float]
+    head: list[float]
+    ratio: float  # head / base, medians
+    low: float
+    high: float
+    p_worse: float  # one-sided: head is worse than base
+    worse_ratio: float  # the ratio expressed so that > 1 is worse
+    regression: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def worktree(repo: Path, ref: str, into: Path) -> Path:
+    """Check out `ref` of `repo` into a detached worktree under `into`."""
+    target = into / "base"
+    try:
+        subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--verify", f"{ref}^{{commit}}"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        raise UsageError(f"--base {ref}: not a commit of the git repository at {repo}") from None
+    subprocess.run(
+        ["git", "-C", str(repo), "worktree", "add", "--detach", "--force", str(target), ref],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return target
+
+
+def remove_worktree(repo: Path, target: Path) -> None:
+    subprocess.run(
+        ["git", "-C", str(repo), "worktree", "remove", "--force", str(target)],
+        capture_output=True,
+        timeout=120,
+    )
+    shutil.rmtree(target, ignore_errors=True)
+
+
+def repo_root(start: Path) -> Path:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(start), "rev-parse", "--show-toplevel"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        raise UsageError(
+            f"{start} is not inside a git repository; `gate ab` compares git refs"
+        ) from None
+    return Path(out.stdout.strip())
+
+
+def alternate(
+    job: Job, base_tree: Path, head_tree: Path, rounds: int, workdir: Path, progress=print
+) -> tuple[list[Run], list[Run]]:
+    """`rounds` runs each, in the order AB, BA, AB, ... on the same ranks. The head runs
+    here; the base runs in the same folder of its worktree, with its own `src/` first."""
+    if rounds < 2:
+        raise UsageError(f"--rounds {rounds}: need at least 2 (5 or more to find a change)")
+    here = Path.cwd().resolve()
+    base_cwd = base_tree / here.relative_to(head_tree.resolve())
+    base, head = [], []
+    for i in range(rounds):
+        order = [("base", base, base_tree, base_cwd), ("head", head, None, None)]
+        if i % 2:
+            order.reverse()
+        for label, runs, tree, cwd in order:
+            progress(f"lockstep gate ab: round {i + 1}/{rounds}: {label}")
+            runs.append(
+                job.run(workdir / f"round-{i + 1}-{label}", tree=tree, cwd=cwd, progress=progress)
+            )
+    return base, head
+
+
+def judge(base: list[Run], head: list[Run], threshold: float, alpha: float) -> list[Comparison]:
+    b_sum, h_sum = [summary(r) for r in base], [summary(r) for r in head]
+    has_step_time = all("step_time_s" in s for s in b_sum + h_sum)
+    out = []
+    for figure, direction in FIGURES.items():
+        if not all(figure in s for s in b_sum + h_sum):
+            continue
+        if figure == "wall_s" and has_step_time:
+            continue  # the start of the processes is in it; step times say more
+        b = [s[figure] for s in b_sum]
+        h = [s[figure] for s in h_sum]
+        ratio, low, high = stats.ratio_interval(h, b)
+        if direction == "lower":
+            p = stats.mann_whitney_greater(h, b)
+            worse = ratio
+        else:
+            p = stats.mann_whitney_greater(b, h)
+            worse = 1 / ratio if ratio else float("inf")
+        out.append(
+            Comparison(
+                figure,
+                b,
+                h,
+                ratio,
+                low,
+                high,
+                p,
+                worse,
+                regression=worse > 1 + threshold and p < alpha,
+            )
+        )
+    return out
+
+
+def findings(comparisons: list[Comparison], threshold: float, alpha: float) -> list[Finding]:
+    out = []
+    for c in comparisons:
+        change = c.worse_ratio - 1
+        text = (
+            f"head/base {c.ratio:.3f} (95% CI {c.low:.3f}..{c.high:.3f}), "
+            f"{'worse' if change > 0 else 'better'} by {abs(change):.1%}, p={c.p_worse:.4f} "
+            f"(fails at > {threshold:.0%} and p < {alpha:g})"
+        )
+        out.append(
+            Finding(
+                "ab",
+                c.figure,
+                "fail" if c.regression else "pass",
+                text,
+                value=c.ratio,
+                center=1.0,
+                band=threshold,
+                rel_err=abs(change),
+                worse=change > 0,
+            )
+        )
+    return out
+
+
+def run_ab(
+    job: Job,
+    ref: str,
+    rounds: int,
+    threshold: float,
+    alpha: float,
+    workdir: Path | None = None,
+    progress=print,
+):
+    """Check out `ref`, alternate, judge. Returns (comparisons, findings)."""
+    head_tree = repo_root(Path.cwd())
+    tmp = Path(tempfile.mkdtemp(prefix="lockstep-ab-"))
+    base_tree = worktree(head_tree, ref, tmp)
+    try:
+        wd = workdir or tmp / "runs"
+        base, head = alternate(job, base_tree, head_tree, rounds, wd, progress)
+    finally:
+        remove_worktree(head_tree, base_tree)
+        if workdir is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    comparisons = judge(base, head, threshold, alpha)
+    return comparisons, findings(comparisons, threshold, alpha)

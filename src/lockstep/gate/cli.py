@@ -1,0 +1,330 @@
+"""`lockstep gate`: record, check, compare, refresh, ab, alerts.
+
+Exit codes: 0 pass, 1 regression (or an alert fired), 2 bad input or no golden for this
+environment, 3 timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_DIR = "gates"
+# Fingerprint sections that differ between any two runs (free disk, limits): never reported.
+VOLATILE_SECTIONS = ("resources",)
+
+
+def register(subparsers) -> None:
+    gate = subparsers.add_parser(
+        "gate",
+        help="regression gates: goldens per environment, performance A/B, alert rules",
+        description="Did this change make training worse than main did? Goldens live in "
+        "DIR/NAME/ENV-KEY.json (default dir: gates).",
+    )
+    sub = gate.add_subparsers(dest="gate_command", metavar="GATE_COMMAND")
+    gate.set_defaults(func=lambda args: _usage(gate))
+
+    rec = sub.add_parser("record", help="run the job R times and write its golden")
+    _job_args(rec)
+    rec.add_argument("--repeats", type=int, default=3, help="runs to take the spread from (3)")
+    rec.set_defaults(func=run_record)
+
+    ref = sub.add_parser("refresh", help="record anew and show what moves from the old golden")
+    _job_args(ref)
+    ref.add_argument("--repeats", type=int, default=3, help="runs to take the spread from (3)")
+    ref.set_defaults(func=run_refresh)
+
+    chk = sub.add_parser("check", help="run the job once and compare it with its golden")
+    _job_args(chk)
+    _report_args(chk)
+    chk.add_argument(
+        "--candidate",
+        metavar="DIR",
+        type=Path,
+        help="where no golden exists for this environment, record one into DIR for a "
+        "maintainer to review and commit (still exit 2)",
+    )
+    chk.add_argument("--repeats", type=int, default=3, help="runs for a --candidate golden (3)")
+    chk.set_defaults(func=run_check)
+
+    cmp_ = sub.add_parser("compare", help="compare a metrics file a run already wrote")
+    cmp_.add_argument("golden", type=Path, help="a golden file, e.g. gates/NAME/KEY.json")
+    cmp_.add_argument("metrics", type=Path, help="metrics.jsonl of a finished run")
+    _report_args(cmp_)
+    cmp_.set_defaults(func=run_compare)
+
+    ab = sub.add_parser("ab", help="alternate base REF and the working tree; judge speed/memory")
+    _job_args(ab, named=False)
+    _report_args(ab, plots=False)
+    ab.add_argument("--base", required=True, metavar="REF", help="git ref to compare with")
+    ab.add_argument("--rounds", type=int, default=6, help="runs of each side (6)")
+    ab.add_argument("--threshold", type=float, default=0.05, help="relative change (0.05)")
+    ab.add_argument("--alpha", type=float, default=0.01, help="significance level (0.01)")
+    ab.set_defaults(func=run_ab)
+
+    al = sub.add_parser("alerts", help="evaluate alert rules over a metrics file")
+    al.add_argument("rules", help="a TOML rules file, or 'default' for lockstep's rules")
+    al.add_argument("metrics", type=Path, help="metrics.jsonl")
+    al.add_argument("--json", type=Path, metavar="PATH", help="write the alerts as JSON")
+    al.set_defaults(func=run_alerts)
+
+
+def _usage(parser) -> int:
+    parser.print_help()
+    return 2
+
+
+def _job_args(p, named: bool = True) -> None:
+    if named:
+        p.add_argument("name", help="the gate's name: goldens live in DIR/NAME/")
+    p.add_argument("config", nargs="?", type=Path, help="reference job config (TOML)")
+    p.add_argument("--script", metavar="CMD", help="a script speaking lockstep's protocol")
+    p.add_argument("--nproc", type=int, default=1, help="ranks (default 1)")
+    p.add_argument("--steps", type=int, help="optimizer steps (config: its own; script: 20)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field (CONFIG jobs)",
+    )
+    p.add_argument("--dir", type=Path, default=Path(DEFAULT_DIR), help="goldens' folder (gates)")
+    p.add_argument("--workdir", type=Path, help="keep each run's folder here (default: temp)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run (1800)")
+
+
+def _report_args(p, plots: bool = True) -> None:
+    p.add_argument("--json", type=Path, metavar="PATH", help="write the full result as JSON")
+    p.add_argument("--junit", type=Path, metavar="PATH", help="write JUnit XML for CI")
+    if plots:
+        p.add_argument("--plot", type=Path, metavar="DIR", help="write a PNG per metric")
+
+
+def _job(args):
+    from lockstep.gate.job import Job
+
+    return Job(
+        nproc=args.nproc,
+        steps=args.steps,
+        config=args.config,
+        overrides=args.overrides,
+        command=args.script,
+        timeout=args.timeout,
+    )
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def run_record(args: argparse.Namespace) -> int:
+    from lockstep.gate import runner
+
+    g = runner.record(args.name, _job(args), args.repeats, args.dir, args.workdir, _progress)
+    _print_recorded(g)
+    return 0
+
+
+def _print_recorded(g) -> None:
+    curves = g.header["curves"]
+    exact = sorted(m for m, c in curves.items() if c["exact"])
+    banded = {m: c["tol_rel"] for m, c in curves.items() if not c["exact"]}
+    print(f"lockstep gate: wrote {g.path} ({g.steps.size} steps, {g.header['repeats']} repeats)")
+    if exact:
+        print(f"  exact (repeats bitwise identical): {', '.join(exact)}")
+    for m, tol in sorted(banded.items()):
+        print(f"  {m}: band ±{tol:.3g} relative")
+    for name, rec in g.header["perf"].items():
+        limit = rec["threshold_rel"] if rec["threshold_rel"] is not None else rec["threshold_abs"]
+        gated = "" if rec["gated"] else " (not gated: step timing is logged)"
+        print(
+            f"  {name}: {rec['center']:.6g}, spread {rec['spread_rel']:.1%}, limit {limit:.3g}{gated}"
+        )
+
+
+def run_refresh(args: argparse.Namespace) -> int:
+    from lockstep.gate import runner
+
+    new, old, moves = runner.refresh(
+        args.name, _job(args), args.repeats, args.dir, args.workdir, _progress
+    )
+    _print_recorded(new)
+    if old is None:
+        print("  there was no golden for this environment before")
+        return 0
+    print(
+        f"  against the golden it replaced (recorded {old.header.get('created')} at "
+        f"{old.header.get('git_revision')}):"
+    )
+    for m in moves:
+        if "perf_change" in m:
+            change = m["perf_change"]
+            print(f"  {m['metric']}: {'n/a' if change is None else f'{change:+.1%}'}")
+        elif "note" in m:
+            print(f"  {m['metric']}: {m['note']}")
+        else:
+            where = f", first at step {m['first_changed_step']}" if m["steps_changed"] else ""
+            print(
+                f"  {m['metric']}: max abs change {m['max_abs_change']:.6g}, max rel change "
+                f"{m['max_rel_change']:.3g}, {m['steps_changed']} of {m['steps_compared']} "
+                f"steps changed{where}"
+            )
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from lockstep.gate import runner
+
+    job = _job(args)
+    try:
+        result = runner.check(args.name, job, args.dir, args.workdir, _progress)
+    except runner.NoGolden:
+        if args.candidate is not None:
+            g = runner.record(args.name, job, args.repeats, args.candidate, args.workdir, _progress)
+            print(
+                f"lockstep gate: candidate golden written to {g.path}: review it and commit "
+                f"it as {args.dir / args.name / g.path.name}",
+                file=sys.stderr,
+            )
+        raise
+    refresh = f"lockstep gate refresh {args.name} {job.arguments()} --dir {args.dir}"
+    notes = []
+    if job.digest() != result.golden.header.get("config_digest"):
+        notes.append("the job's config or script differs from the one the golden was recorded with")
+    return _finish(args, result, f"gate {args.name} [{result.golden.env_key}]", refresh, notes)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from lockstep.gate import golden, runner
+    from lockstep.gate.run import Run, read_rows
+
+    g = golden.read(args.golden)
+    run = Run(read_rows(args.metrics))
+    result = runner.outcome(g, run, env=None)
+    return _finish(args, result, f"gate {g.name} [{g.env_key}] vs {args.metrics}", None)
+
+
+def _finish(args, result, title: str, refresh: str | None, notes: list[str] = ()) -> int:
+    from lockstep.gate import report
+
+    notes = list(notes)
+    if result.env_diff:
+        notes.append("environment differs from the golden's: " + "; ".join(result.env_diff))
+    if result.env is not None:
+        recorded = result.golden.header.get("fingerprint_digests", {})
+        moved = sorted(
+            s
+            for s, d in result.env.digests.items()
+            if s not in VOLATILE_SECTIONS and recorded.get(s) not in (None, d)
+        )
+        if moved:
+            notes.append(
+                "fingerprint sections that differ from the golden's (not numerics-keyed): "
+                + ", ".join(moved)
+            )
+        if result.env.machine != result.golden.header.get("machine"):
+            notes.append(
+                f"machine: golden {result.golden.header.get('machine')}, this {result.env.machine}"
+            )
+    if result.failed and refresh:
+        notes.append(f"if this change is intended, re-baseline with: {refresh}")
+    report.show(title, result.findings, notes)
+    images = []
+    if getattr(args, "plot", None):
+        from lockstep.gate.plot import plot_all
+
+        images = [str(p) for p in plot_all(result.golden, result.run, result.findings, args.plot)]
+        print(f"lockstep gate: {len(images)} plots in {args.plot}")
+    _write_reports(
+        args,
+        title,
+        result.findings,
+        notes,
+        images,
+        {
+            "golden": str(result.golden.path),
+            "env_key": result.golden.env_key,
+            "passed": not result.failed,
+            "findings": [f.to_dict() for f in result.findings],
+            "run": {
+                "steps": len(result.run.rows),
+                "wall_s": result.run.wall_s,
+                "peak_rss_bytes": result.run.peak_rss_bytes,
+                "gpu_mem_bytes": result.run.gpu_mem_bytes,
+                "log": result.run.log,
+            },
+            "notes": notes,
+            "plots": images,
+        },
+    )
+    return 1 if result.failed else 0
+
+
+def _write_reports(args, title, findings, notes, images, payload) -> None:
+    from lockstep.gate import report
+
+    suite = title.split(" [")[0].replace(" ", ".")
+    if args.json:
+        report.to_json(args.json, payload)
+    if args.junit:
+        report.to_junit(args.junit, f"lockstep.{suite}", findings)
+    report.step_summary(report.markdown(title, findings, notes, images))
+
+
+def run_ab(args: argparse.Namespace) -> int:
+    from lockstep.gate import ab, report
+
+    if not 0 < args.alpha < 1 or args.threshold <= 0:
+        from lockstep.errors import UsageError
+
+        raise UsageError("--alpha must be in (0, 1) and --threshold above 0")
+    comparisons, findings = ab.run_ab(
+        _job(args), args.base, args.rounds, args.threshold, args.alpha, args.workdir, _progress
+    )
+    title = f"gate ab: working tree vs {args.base} ({args.rounds} rounds)"
+    report.show(title, findings)
+    _write_reports(
+        args,
+        title,
+        findings,
+        [],
+        [],
+        {
+            "base": args.base,
+            "rounds": args.rounds,
+            "threshold": args.threshold,
+            "alpha": args.alpha,
+            "passed": not any(f.failed for f in findings),
+            "comparisons": [c.to_dict() for c in comparisons],
+        },
+    )
+    return 1 if any(f.failed for f in findings) else 0
+
+
+def run_alerts(args: argparse.Namespace) -> int:
+    import json
+
+    from lockstep.gate import alerts
+    from lockstep.gate.run import read_rows
+
+    rules = alerts.load_rules(args.rules)
+    fired, unevaluated = alerts.evaluate(rules, read_rows(args.metrics))
+    for alert in fired:
+        print(f"lockstep: {alert.message()}")
+    for rule in unevaluated:
+        print(f"lockstep: rule {rule.name} not evaluated: no row has '{rule.metric}'")
+    print(f"lockstep: {len(fired)} alerts from {len(rules)} rules over {args.metrics}")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "alerts": [a.row() for a in fired],
+                    "not_evaluated": [r.name for r in unevaluated],
+                },
+                indent=1,
+            )
+            + "\n"
+        )
+    return 1 if fired else 0

@@ -1,0 +1,262 @@
+"""Golden files: what the unchanged code produced, with the noise its repeats showed.
+
+`gates/<name>/<env-key>.json` is diff-friendly JSON: a header (environment, provenance,
+per-metric tolerances, run-level performance figures) and then one line per step holding each
+metric's center (median over the repeats) and its spread. Floats are written with `repr`, the
+shortest text that reads back to the same double, so an exact golden stays exact. A golden
+never holds NaN or Inf: a run that produced one is refused at record time, and a file that
+holds one is refused when read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from lockstep.errors import UsageError
+from lockstep.gate import policy
+from lockstep.gate.run import PERF_STEP_FIELDS, Run, summary
+
+FORMAT = "lockstep.gate.golden/1"
+
+
+@dataclass
+class Golden:
+    header: dict
+    steps: np.ndarray  # int64, one per row
+    centers: dict[str, np.ndarray]  # metric -> float64 per row (NaN: not logged there)
+    spreads: dict[str, np.ndarray]
+    path: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return self.header["name"]
+
+    @property
+    def env_key(self) -> str:
+        return self.header["env_key"]
+
+
+def build(runs: list[Run], header: dict) -> Golden:
+    """A golden from R repeats of the same job; `header` holds name, env, provenance."""
+    if not runs:
+        raise UsageError("no runs to record a golden from")
+    steps = runs[0].steps
+    for i, run in enumerate(runs[1:], 2):
+        if run.steps != steps:
+            raise UsageError(
+                f"repeat {i} logged steps {_span(run.steps)}, repeat 1 logged {_span(steps)}; "
+                "the job must log the same steps every time"
+            )
+    if not steps:
+        raise UsageError("the job logged no steps; nothing to record")
+    metrics = runs[0].metrics()
+    centers, spreads, curves = {}, {}, {}
+    for metric in metrics:
+        values = np.array([run.series(metric) for run in runs], dtype=float)
+        if metric not in PERF_STEP_FIELDS:
+            bad = ~np.isfinite(values)
+            if bad.any():
+                repeat, col = map(int, np.argwhere(bad)[0])
+                raise UsageError(
+                    f"repeat {repeat + 1}, step {steps[col]}: {metric} is "
+                    f"{float(values[repeat, col])!r}; a golden must be finite: fix the job before "
+                    "recording it"
+                )
+        center = _nanmedian(values)
+        spread = np.zeros(len(steps))
+        if len(runs) > 1:
+            dev = np.abs(values - center)
+            seen = np.isfinite(dev).any(axis=0)
+            spread[seen] = np.nanmax(dev[:, seen], axis=0)
+            spread[~seen] = np.nan
+        centers[metric], spreads[metric] = center, spread
+        if metric not in PERF_STEP_FIELDS:
+            curves[metric] = _curve_tolerance(metric, values, center, len(runs))
+    perf = _perf_figures([summary(run) for run in runs])
+    header = {
+        **header,
+        "format": FORMAT,
+        "repeats": len(runs),
+        "steps": {"first": steps[0], "last": steps[-1], "count": len(steps)},
+        "curves": curves,
+        "perf": perf,
+    }
+    return Golden(header, np.array(steps, dtype=np.int64), centers, spreads)
+
+
+def _nanmedian(values: np.ndarray) -> np.ndarray:
+    out = np.full(values.shape[1], np.nan)
+    finite_cols = np.isfinite(values).any(axis=0)
+    if finite_cols.any():
+        out[finite_cols] = np.nanmedian(values[:, finite_cols], axis=0)
+    return out
+
+
+def _curve_tolerance(metric: str, values: np.ndarray, center: np.ndarray, repeats: int) -> dict:
+    pol = policy.curve_policy(metric)
+    n = values.shape[1]
+    exact = bool(repeats > 1 and (values == values[0]).all())
+    scale = np.maximum(np.abs(center), 1e-12)
+    max_rel = float(np.max(np.abs(values - center) / scale)) if repeats > 1 else 0.0
+    width = policy.window_size(n)
+    w_means = _window_means(values, width)
+    w_center = np.median(w_means, axis=0)
+    w_rel = float(np.max(np.abs(w_means - w_center) / np.maximum(np.abs(w_center), 1e-12)))
+    return {
+        "direction": pol.direction,
+        "exact": exact,
+        "tol_rel": 0.0 if exact else max(pol.floor_rel, policy.CURVE_FACTOR * max_rel),
+        "tol_abs": 0.0 if exact else pol.floor_abs,
+        "max_rel_deviation": max_rel,
+        "budget": policy.failing_step_budget(n, exact),
+        "window": width,
+        "window_tol_rel": 0.0 if exact else max(pol.floor_rel, policy.CURVE_FACTOR * w_rel),
+    }
+
+
+def _window_means(values: np.ndarray, width: int) -> np.ndarray:
+    """Means over consecutive windows of `width` steps (a last, shorter window joins the one
+    before), per row of `values`."""
+    bounds = window_bounds(values.shape[-1], width)
+    return np.stack([values[..., a:b].mean(axis=-1) for a, b in bounds], axis=-1)
+
+
+def window_bounds(n: int, width: int) -> list[tuple[int, int]]:
+    edges = list(range(0, n - n % width if n >= width else 0, width)) or [0]
+    bounds = [(a, a + width) for a in edges]
+    bounds[-1] = (bounds[-1][0], n)
+    return bounds
+
+
+def _perf_figures(summaries: list[dict]) -> dict:
+    out = {}
+    names = [n for n in policy.PERF if all(n in s for s in summaries)]
+    has_time = any(n in names for n in policy.TIME_FIGURES)
+    for name in names:
+        pol = policy.PERF[name]
+        values = [float(s[name]) for s in summaries]
+        center = float(np.median(values))
+        spread_abs = max(abs(v - center) for v in values)
+        spread_rel = spread_abs / abs(center) if center else 0.0
+        out[name] = {
+            "direction": pol.direction,
+            "center": center,
+            "values": values,
+            "spread_rel": spread_rel,
+            "threshold_rel": max(pol.floor_rel, policy.PERF_FACTOR * spread_rel)
+            if pol.floor_rel
+            else None,
+            "threshold_abs": max(pol.floor_abs, policy.PERF_FACTOR * spread_abs)
+            if pol.floor_abs
+            else None,
+            "gated": not (name == "wall_s" and has_time),
+        }
+    return out
+
+
+def _span(steps: list[int]) -> str:
+    return f"{steps[0]}..{steps[-1]} ({len(steps)} steps)" if steps else "nothing"
+
+
+# --------------------------------------------------------------------------- file format
+
+
+def to_text(golden: Golden) -> str:
+    """The header, pretty-printed, then `"rows"`: one JSON object per line per step."""
+    header = {k: v for k, v in golden.header.items()}
+    head = json.dumps(header, indent=1, sort_keys=True, allow_nan=False)
+    lines = []
+    metrics = list(golden.centers)
+    for i, step in enumerate(golden.steps.tolist()):
+        row: dict = {"step": step}
+        spread: dict = {}
+        for m in metrics:
+            c = golden.centers[m][i]
+            if math.isfinite(c):
+                row[m] = float(c)
+                spread[m] = float(golden.spreads[m][i])
+        row["spread"] = spread
+        lines.append(json.dumps(row, allow_nan=False))
+    body = ",\n  ".join(lines)
+    return head[:-2] + ',\n "rows": [\n  ' + body + "\n ]\n}\n"
+
+
+def write(golden: Golden, path: Path) -> Path:
+    """Write atomically: a reader sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = to_text(golden)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    golden.path = path
+    return path
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not allowed in a golden")
+
+
+def read(path: str | Path) -> Golden:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise UsageError(f"cannot read golden {path}: {err.strerror}") from None
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as err:
+        raise UsageError(
+            f"{path} is not a valid golden ({err}); record it again with `lockstep gate refresh`"
+        ) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or "rows" not in data:
+        raise UsageError(
+            f"{path} is not a lockstep golden ({FORMAT}); record one with `lockstep gate record`"
+        )
+    rows = data.pop("rows")
+    steps = np.array([row["step"] for row in rows], dtype=np.int64)
+    metrics: dict[str, None] = {}
+    for row in rows:
+        for key in row:
+            if key not in ("step", "spread"):
+                metrics[key] = None
+    centers, spreads = {}, {}
+    for m in metrics:
+        centers[m] = np.array([row.get(m, math.nan) for row in rows], dtype=float)
+        spreads[m] = np.array([row.get("spread", {}).get(m, math.nan) for row in rows], dtype=float)
+    for m in data.get("curves", {}):
+        if m in centers and not np.isfinite(centers[m]).all():
+            raise UsageError(f"{path}: {m} is missing or not finite at some step; record it again")
+    return Golden(data, steps, centers, spreads, path)
+
+
+def golden_path(directory: Path, name: str, env_key: str) -> Path:
+    return directory / name / f"{env_key}.json"
+
+
+def recorded(directory: Path, name: str) -> dict[str, dict]:
+    """{env key: key fields} of every golden recorded under this name."""
+    out = {}
+    folder = directory / name
+    if not folder.is_dir():
+        return out
+    for path in sorted(folder.glob("*.json")):
+        try:
+            head = json.loads(path.read_text())
+            out[path.stem] = head["env"]["key_fields"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out

@@ -1,0 +1,114 @@
+"""What a gate result looks like to people and to CI: a terminal table, `--json`, `--junit`
+(one test case per gate and metric), and Markdown appended to `$GITHUB_STEP_SUMMARY`.
+
+Everything shown passes through `lockstep.redact` first: commands and paths in a report are
+user text and may hold credentials.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from lockstep.gate.compare import Finding
+from lockstep.redact import redact_mapping, scrub_text
+
+
+def rows(findings: list[Finding]) -> list[tuple[str, str, str, str]]:
+    return [(f.status, f.gate, f.metric, f.message) for f in findings]
+
+
+def show(title: str, findings: list[Finding], notes: list[str] = ()) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console(soft_wrap=False)
+    if not console.is_terminal:  # CI logs: wide enough for a row per finding
+        console.width = max(console.width, 140)
+    table = Table(title=escape(scrub_text(title)), show_lines=False, expand=False)
+    for col in ("", "gate", "metric", "result"):
+        table.add_column(col, overflow="fold")
+    style = {"pass": "green", "fail": "bold red", "skip": "yellow"}
+    for status, gate, metric, message in rows(findings):
+        table.add_row(
+            f"[{style[status]}]{status}[/]", gate, escape(metric), escape(scrub_text(message))
+        )
+    console.print(table)
+    for note in notes:
+        console.print(escape(scrub_text(note)))
+    for f in findings:
+        if f.failed and f.failing:
+            listed = ", ".join(
+                f"{p['step']}: {p['value']!r} (golden {p['center']!r}, abs {p['abs_err']:.3g}, "
+                f"rel {p['rel_err']:.3g})"
+                for p in f.failing[:8]
+            )
+            more = f" … {len(f.failing) - 8} more in --json" if len(f.failing) > 8 else ""
+            console.print(escape(f"  {f.metric} new values at failing steps: {listed}{more}"))
+
+
+def to_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(redact_mapping(payload), indent=1, default=str) + "\n")
+
+
+def to_junit(path: Path, suite: str, findings: list[Finding]) -> None:
+    """JUnit XML: a test case per (gate, metric); failures carry the message and values."""
+    root = ET.Element("testsuites")
+    ts = ET.SubElement(
+        root,
+        "testsuite",
+        name=suite,
+        tests=str(len(findings)),
+        failures=str(sum(f.failed for f in findings)),
+        skipped=str(sum(f.status == "skip" for f in findings)),
+        errors="0",
+    )
+    for f in findings:
+        case = ET.SubElement(ts, "testcase", classname=suite, name=f"{f.gate}:{f.metric}")
+        if f.failed:
+            node = ET.SubElement(case, "failure", message=scrub_text(f.message))
+            node.text = "\n".join(
+                f"step {p['step']}: value {p['value']!r} golden {p['center']!r} "
+                f"abs_err {p['abs_err']!r} rel_err {p['rel_err']!r}"
+                for p in f.failing
+            ) or scrub_text(f.message)
+        elif f.status == "skip":
+            ET.SubElement(case, "skipped", message=scrub_text(f.message))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def markdown(
+    title: str, findings: list[Finding], notes: list[str] = (), images: list[str] = ()
+) -> str:
+    icon = {"pass": "✅", "fail": "❌", "skip": "⚠️"}
+    failed = sum(f.failed for f in findings)
+    lines = [
+        f"### {_md(title)}: {'FAILED' if failed else 'passed'} "
+        f"({failed} of {len(findings)} gates failed)",
+        "",
+        "| | gate | metric | result |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {icon[s]} | {g} | {_md(m)} | {_md(msg)} |" for s, g, m, msg in rows(findings)]
+    lines += ["", *(_md(n) for n in notes)]
+    lines += [f"- plot: `{_md(i)}`" for i in images]
+    return "\n".join(lines) + "\n"
+
+
+def step_summary(text: str) -> bool:
+    """Append to $GITHUB_STEP_SUMMARY when it is set; True when written."""
+    target = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return False
+    with open(target, "a", encoding="utf-8") as fh:
+        fh.write(text + "\n")
+    return True
+
+
+def _md(text: str) -> str:
+    return scrub_text(str(text)).replace("|", "\\|").replace("\n", " ")
