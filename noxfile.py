@@ -36,6 +36,7 @@ LOCKS = {
 # The only sdist in the locks; built with the lock's own setuptools/wheel, never in an isolated
 # build environment that would fetch unhashed build dependencies.
 BUILD_TOOLS = ("pip", "setuptools", "wheel")
+SDIST = "deepspeed"
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.error_on_missing_interpreters = True
@@ -44,8 +45,8 @@ nox.options.error_on_missing_interpreters = True
 # --------------------------------------------------------------------------- locked venvs
 
 
-def _digest(*paths: Path) -> str:
-    h = hashlib.sha256()
+def _digest(*paths: Path, extra: str = "") -> str:
+    h = hashlib.sha256(extra.encode())
     for path in paths:
         h.update(path.name.encode() + b"\0" + path.read_bytes())
     return h.hexdigest()
@@ -67,7 +68,8 @@ def locked_venv(session: nox.Session, lock: str) -> Path:
     bin_dir = venv / "bin"
     lock_file = REQUIREMENTS / f"{lock}.txt"
     marker = venv / "lockstep-lock.sha256"
-    digest = _digest(lock_file, ROOT / "pyproject.toml")
+    # the build switches too: a venv whose DeepSpeed was built otherwise is re-made
+    digest = _digest(lock_file, ROOT / "pyproject.toml", extra=repr(deepspeed_build_env(lock)))
     if not (bin_dir / "python").exists():
         session.run(_interpreter(LOCKS[lock]["python"]), "-m", "venv", str(venv), external=True)
     python = str(bin_dir / "python")
@@ -75,20 +77,28 @@ def locked_venv(session: nox.Session, lock: str) -> Path:
         session.log(f"{venv.name} matches {lock_file.name}: reusing it")
     else:
         pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-        # The locked build tools first, then everything without build isolation, so DeepSpeed's
-        # sdist is built with them (as docker/install-lock.sh does in the images).
+        # The locked build tools first, then everything but DeepSpeed, then DeepSpeed's sdist,
+        # built without isolation against the torch just installed (docker/install-lock.sh does
+        # the same in the images).
         tools = ["--require-hashes", "--no-deps", "-r", str(lock_subset(BUILD_TOOLS, lock))]
-        install = ["--require-hashes", "--no-build-isolation", "-r", str(lock_file)]
-        try:
-            session.run(*pip, *tools, external=True)
-            session.run(*pip, *install, external=True)
-        except nox.command.CommandFailed:
-            if lock != "cpu":
-                raise
-            # torch's CPU build lives on PyTorch's own index, not PyPI; only these hash-checked
-            # installs see that index.
-            session.log(f"retrying with PyTorch's CPU wheel index {TORCH_CPU_INDEX}")
-            session.run(*pip, *install, "--extra-index-url", TORCH_CPU_INDEX, external=True)
+        build = deepspeed_build_env(lock)
+        parts = [
+            (lock_without((SDIST,), lock), [], {}),
+            (lock_subset((SDIST,), lock), ["--no-deps", *sdist_flags(build)], build),
+        ]
+        session.run(*pip, *tools, external=True)
+        for part, extra, env in parts:
+            install = ["--require-hashes", "--no-build-isolation", *extra, "-r", str(part)]
+            try:
+                session.run(*pip, *install, external=True, env=env)
+            except nox.command.CommandFailed:
+                if lock != "cpu":
+                    raise
+                # torch's CPU build lives on PyTorch's own index, not PyPI; only these
+                # hash-checked installs see that index.
+                session.log(f"retrying with PyTorch's CPU wheel index {TORCH_CPU_INDEX}")
+                index = ["--extra-index-url", TORCH_CPU_INDEX]
+                session.run(*pip, *install, *index, external=True, env=env)
         # Remove whatever an older lock installed and this one does not hold.
         session.run(
             python,
@@ -110,6 +120,34 @@ def locked_venv(session: nox.Session, lock: str) -> Path:
     return bin_dir
 
 
+def deepspeed_build_env(lock: str) -> dict:
+    """Build switches for DeepSpeed's sdist. On the CPU lock its CPU accelerator's shared-memory
+    op (deepspeed_shm_comm) is compiled into the wheel (DeepSpeed's own DS_BUILD_* switch), so
+    no rank JIT-compiles it on its first start: that compile took about 140 CPU-seconds on a
+    fresh 2-core machine, with every other DeepSpeed rank waiting on its lock."""
+    if lock != "cpu":
+        return {}
+    return {"DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0", "DS_BUILD_SHM_COMM": "1"}
+
+
+def sdist_flags(env: dict) -> list[str]:
+    """pip's wheel cache is keyed by the sdist alone, not by the build switches: a wheel built
+    with an op compiled in is never taken from (or left in) that cache, and replaces a build
+    of the same version made without it."""
+    return ["--no-cache-dir", "--force-reinstall"] if env else []
+
+
+def lock_without(names: tuple[str, ...], lock: str = "cpu") -> Path:
+    """A copy of a lock without the pins named, hashes of the rest kept."""
+    text = (REQUIREMENTS / f"{lock}.txt").read_text()
+    for match in re.finditer(PIN, text, flags=re.M):
+        if match.group(1).lower() in names:
+            text = text.replace(match.group(0), "")
+    out = Path(tempfile.mkdtemp(prefix="lockstep-lock-")) / f"{lock}-without.txt"
+    out.write_text(text)
+    return out
+
+
 def lock_subset(names: list[str] | tuple[str, ...], lock: str = "cpu") -> Path:
     """A requirements file holding only `names` from a lock, hashes included.
 
@@ -124,7 +162,7 @@ def lock_subset(names: list[str] | tuple[str, ...], lock: str = "cpu") -> Path:
             f"nox: {', '.join(missing)} not in requirements/{lock}.txt; run nox -s lock"
         )
     keep = [blocks[name] for name in names]
-    out = Path(tempfile.mkdtemp(prefix="lockstep-lint-")) / "lint.txt"
+    out = Path(tempfile.mkdtemp(prefix="lockstep-lock-")) / f"{'-'.join(names)}.txt"
     out.write_text("\n".join(keep) + "\n")
     return out
 

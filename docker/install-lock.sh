@@ -16,9 +16,16 @@ venv=/opt/lockstep/venv
 pip=("$venv/bin/pip" install --no-cache-dir --disable-pip-version-check)
 
 python3 -m venv "$venv"
-awk '/^[^ #]/ { keep = /^(pip|setuptools|wheel)==/ } keep' "$lock" >/tmp/build-tools.txt
+# One pinned block of the lock: its `name==` line and the indented hash and via lines under it.
+block() { awk -v want="$1" '/^[^ #]/ { keep = ($0 ~ want) } keep' "$lock"; }
+block '^(pip|setuptools|wheel)==' >/tmp/build-tools.txt
+block '^(deepspeed)==' >/tmp/sdist.txt
+awk '/^[^ #]/ { keep = !/^deepspeed==/ } keep' "$lock" >/tmp/without-sdist.txt
 "${pip[@]}" --require-hashes --no-deps -r /tmp/build-tools.txt
-"${pip[@]}" --require-hashes --no-build-isolation -r "$lock"
+"${pip[@]}" --require-hashes --no-build-isolation -r /tmp/without-sdist.txt
+# DeepSpeed last, against the torch now installed, so the DS_BUILD_* switches the stage sets
+# (the CPU image: its shared-memory op) compile ops into the wheel instead of at job start.
+"${pip[@]}" --require-hashes --no-deps --no-build-isolation -r /tmp/sdist.txt
 "${pip[@]}" --no-deps --no-build-isolation "$src"
 "$venv/bin/pip" check
-rm -rf /tmp/build-tools.txt "$src"
+rm -rf /tmp/build-tools.txt /tmp/sdist.txt /tmp/without-sdist.txt "$src"

@@ -117,21 +117,33 @@ def test_image_installs_its_lock_byte_for_byte_with_hashes(variant):
     assert ("COPY", f"--from={variant}-build {lock_in_image} {lock_in_image}") in manifest
     assert "pip install" not in DOCKERFILE.read_text()
     installer = DOCKER.joinpath("install-lock.sh").read_text()
-    assert '"${pip[@]}" --require-hashes --no-build-isolation -r "$lock"' in installer
+    for part in ("build-tools", "without-sdist", "sdist"):
+        assert "--require-hashes" in installer and f"-r /tmp/{part}.txt" in installer
     assert '"${pip[@]}" --no-deps --no-build-isolation "$src"' in installer
 
 
-def test_installer_takes_build_tools_from_the_lock(tmp_path):
-    """The awk filter keeps exactly the pip/setuptools/wheel blocks, hashes included."""
-    lock = ROOT / "requirements" / "cpu.txt"
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_installer_splits_the_lock_into_tools_the_rest_and_the_sdist(tmp_path, variant):
+    """The build tools (pip/setuptools/wheel), everything but DeepSpeed, then DeepSpeed's sdist
+    (built against the torch installed before it): the parts hold every pin of the lock once,
+    hashes included."""
+    lock = ROOT / "requirements" / f"{variant}.txt"
     script = DOCKER.joinpath("install-lock.sh").read_text()
-    awk = re.search(r"awk '([^']+)'", script)[1]
-    out = subprocess.run(["awk", awk, str(lock)], capture_output=True, text=True, check=True)
-    names = re.findall(r"^([a-z0-9_.-]+)==", out.stdout, flags=re.M)
-    assert sorted(names) == ["pip", "setuptools", "wheel"]
-    assert out.stdout.count("--hash=sha256:") >= 3
-    for block in re.split(r"\n(?=\S)", out.stdout.strip()):
-        assert block in lock.read_text()
+    split = "\n".join(
+        line for line in script.splitlines() if line.startswith(("block", "awk"))
+    ).replace("/tmp/", f"{tmp_path}/")
+    subprocess.run(["bash", "-euc", split], env={"lock": str(lock)}, check=True)
+    names = {}
+    for part in ("build-tools", "without-sdist", "sdist"):
+        text = (tmp_path / f"{part}.txt").read_text()
+        names[part] = re.findall(r"^([a-z0-9_.-]+)==", text, flags=re.M)
+        for block in re.split(r"\n(?=\S)", text.strip()):
+            if not block.startswith("#"):  # pip-compile's own comment lines pass through
+                assert block in lock.read_text() and "--hash=sha256:" in block
+    assert sorted(names["build-tools"]) == ["pip", "setuptools", "wheel"]
+    assert names["sdist"] == ["deepspeed"]
+    pins = re.findall(r"^([a-z0-9_.-]+)==", lock.read_text(), flags=re.M)
+    assert sorted(names["without-sdist"] + names["sdist"]) == sorted(pins)
 
 
 def test_cuda_image_keeps_exactly_one_nccl():
