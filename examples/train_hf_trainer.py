@@ -30,7 +30,8 @@ class Synthetic(Dataset):
 torch.manual_seed(0)
 # no dropout: its masks are per rank, so runs on 1 and 2 ranks could not agree
 config = GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4,
-                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                    bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)  # fmt: skip
 model = GPT2LMHeadModel(config)
 args = TrainingArguments(
     output_dir="runs/hf-trainer",

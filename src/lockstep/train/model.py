@@ -15,10 +15,18 @@ from torch import nn
 from lockstep.train.config import ModelConfig, resolve_factory
 
 _NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+
+
+def _gpt2(vocab_size: int, **fields) -> dict[str, Any]:
+    """GPT-2's convention, the last token as BOS and EOS, inside this small vocabulary
+    (transformers warns on every start about the default 50256 otherwise)."""
+    last = vocab_size - 1
+    return dict(vocab_size=vocab_size, bos_token_id=last, eos_token_id=last, **fields)
+
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "gpt2-tiny": (
         "gpt2",
-        dict(vocab_size=128, n_positions=64, n_embd=64, n_layer=2, n_head=4, **_NO_DROPOUT),
+        _gpt2(128, n_positions=64, n_embd=64, n_layer=2, n_head=4, **_NO_DROPOUT),
     ),
     "llama-tiny": (
         "llama",
@@ -36,7 +44,7 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     # Large enough that a CPU step takes ~0.1-0.3 s, for the overhead benchmark.
     "gpt2-small-bench": (
         "gpt2",
-        dict(vocab_size=512, n_positions=128, n_embd=256, n_layer=4, n_head=8, **_NO_DROPOUT),
+        _gpt2(512, n_positions=128, n_embd=256, n_layer=4, n_head=8, **_NO_DROPOUT),
     ),
 }
 
