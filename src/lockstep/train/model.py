@@ -23,6 +23,7 @@ def _gpt2(vocab_size: int, **fields) -> dict[str, Any]:
     last = vocab_size - 1
     return dict(vocab_size=vocab_size, bos_token_id=last, eos_token_id=last, **fields)
 
+
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "gpt2-tiny": (
         "gpt2",
