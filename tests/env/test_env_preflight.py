@@ -117,6 +117,13 @@ def test_clean_two_ranks_pass_and_leak_no_secret(tmp_path):
     assert [row["bytes"] for row in report["bandwidth"]["sizes"]] == [256 << 10, 4 << 20]
     assert report["matmul"]["status"] == "skip" and "no GPU" in report["matmul"]["detail"]
     assert "PASS: 2 ranks" in proc.stdout and "PASS: 2 ranks" in summary.read_text()
+    # What it compared, in one line (no requirements/ in tmp_path: no lock).
+    compared, torch_section = report["compared"], report["fingerprints"]["0"]["sections"]["torch"]
+    assert compared.startswith("preflight: 2 ranks identical in "), compared
+    assert f"; torch {torch_section['version']}, CUDA {torch_section['cuda'] or 'none'}" in compared
+    assert compared.endswith("; no lock given/found"), compared
+    assert any(line.strip() == compared for line in proc.stdout.splitlines()), proc.stdout
+    assert compared in summary.read_text()
 
     text = "\n".join([proc.stdout, proc.stderr, report_path.read_text(), summary.read_text()])
     assert SECRET not in text and URL_PASSWORD not in text

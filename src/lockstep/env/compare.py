@@ -120,7 +120,8 @@ def duplicate_gpus(identities: list[dict]) -> list[dict]:
 def compare_ranks(
     digests: list[bytes], fingerprints: dict[int, dict], identities: list[dict], ignored: Ignored
 ) -> dict:
-    """Majority group and every outlier group with its differing fields.
+    """Majority group, every outlier group with its differing fields, and how many fields
+    were compared (those of the majority's representative that are not ignored).
 
     `fingerprints` needs only the first rank of each group (its representative).
     """
@@ -139,5 +140,6 @@ def compare_ranks(
         "majority": majority,
         "outliers": outliers,
         "duplicate_gpus": duplicate_gpus(identities),
+        "compared_fields": sum(len(f) for f in comparable(reference, ignored).values()),
         "ignored": list(ignored.patterns),
     }

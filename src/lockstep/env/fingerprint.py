@@ -21,6 +21,7 @@ from importlib import metadata
 from pathlib import Path
 
 from lockstep.env.launcher import LAUNCHER_VARIABLES
+from lockstep.env.lockfile import canonicalize_name, compare_lock, find_lock
 from lockstep.errors import UsageError
 from lockstep.redact import redact_mapping
 
@@ -39,7 +40,6 @@ SECTIONS = (
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "GLOO_", "OMP_", "MKL_", "CUBLAS_")
 ENV_NAMES = ("LD_LIBRARY_PATH", "PYTHONHASHSEED", *LAUNCHER_VARIABLES)
 MANIFEST_PATH = "/etc/lockstep/image-manifest.json"
-SHM_WARN_BYTES = 1 << 30
 _MAPPED_LIBS = ("libnccl", "libcudnn", "libcudart")
 
 
@@ -272,8 +272,6 @@ def _uuid(value: str) -> str | None:
 
 
 def _packages(lock: Path | None, cwd: Path, torch_version: str) -> dict:
-    from lockstep.env.lockfile import compare_lock, find_lock
-
     installed: dict[str, str] = {}
     shadowed: dict[str, list[str]] = {}
     editable: dict[str, str | None] = {}
@@ -304,11 +302,6 @@ def _packages(lock: Path | None, cwd: Path, torch_version: str) -> dict:
         "shadowed": shadowed,
         "lock": compare_lock(lock, installed) if lock else None,
     }
-
-
-def canonicalize_name(name: str) -> str:
-    """PEP 503 normalisation (packaging's own costs a slow import on the hot path)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _name_version(dist: metadata.Distribution) -> tuple[str, str]:
@@ -423,28 +416,26 @@ def _determinism(torch) -> dict:
     }
 
 
-def _resources(cwd: Path) -> dict:
+def shm_bytes() -> int | None:
+    """The size of /dev/shm (None where there is none); `localchecks.shm` judges it."""
     try:
-        shm = os.statvfs("/dev/shm")
-        shm_bytes = shm.f_frsize * shm.f_blocks
+        st = os.statvfs("/dev/shm")
     except OSError:
-        shm_bytes = None
-    warnings = []
-    if shm_bytes is not None and shm_bytes < SHM_WARN_BYTES:
-        warnings.append(
-            f"/dev/shm is {shm_bytes >> 20} MiB (< 1 GiB): NCCL fails with 'No space left on "
-            "device'; run the container with --shm-size=16g or --ipc=host"
-        )
+        return None
+    return st.f_frsize * st.f_blocks
+
+
+def _resources(cwd: Path) -> dict:
+    shm = shm_bytes()
     return {
         # Whole GiB: byte counts of identical nodes differ by firmware reservations.
-        "shm_gib": round(shm_bytes / (1 << 30)) if shm_bytes is not None else None,
+        "shm_gib": round(shm / (1 << 30)) if shm is not None else None,
         "memory_total_gib": round(
             os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
         ),
         "memlock": _limit(resource.RLIMIT_MEMLOCK),
         "nofile": _limit(resource.RLIMIT_NOFILE),
         "disk_free_bytes": shutil.disk_usage(cwd).free,
-        "warnings": warnings,
     }
 
 

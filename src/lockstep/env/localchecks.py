@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import socket
 
-from lockstep.env.fingerprint import SHM_WARN_BYTES
+from lockstep.env.fingerprint import shm_bytes
 from lockstep.env.launcher import RankInfo
+
+SHM_WARN_BYTES = 1 << 30
 
 
 def _result(name: str, status: str, detail: str) -> dict[str, str]:
@@ -114,16 +116,15 @@ def _nccl_ifname(value: str, present: list[str]) -> dict[str, str]:
 
 
 def shm() -> dict[str, str]:
-    try:
-        st = os.statvfs("/dev/shm")
-    except OSError:
+    """The one /dev/shm check; the fingerprint records only its size (`resources.shm_gib`)."""
+    size = shm_bytes()
+    if size is None:
         return _result("shm", "warn", "no /dev/shm: NCCL's shared-memory transport cannot work")
-    size = st.f_frsize * st.f_blocks
     if size < SHM_WARN_BYTES:
         return _result(
             "shm",
             "warn",
-            f"/dev/shm is {size >> 20} MiB (< 1 GiB): expect 'No space left on device'; "
-            "use --shm-size=16g or --ipc=host",
+            f"/dev/shm is {size >> 20} MiB (< 1 GiB): NCCL fails with 'No space left on "
+            "device'; run the container with --shm-size=16g or --ipc=host",
         )
     return _result("shm", "ok", f"/dev/shm {size / (1 << 30):.1f} GiB")

@@ -12,12 +12,16 @@ import hashlib
 import re
 from pathlib import Path
 
-from lockstep.env.fingerprint import canonicalize_name
 from lockstep.errors import UsageError
 
 LOCK_CANDIDATES = ("requirements/cpu.txt", "requirements/cuda.txt")
 NOT_LOCKED = {"lockstep"}
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;\\]+)\s*(?:;(.*))?$")
+
+
+def canonicalize_name(name: str) -> str:
+    """PEP 503 normalisation (packaging's own costs a slow import on the hot path)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def parse_lock(path: Path) -> dict[str, str]:

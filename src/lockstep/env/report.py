@@ -113,6 +113,7 @@ def print_console(report: dict) -> None:
         console.print(f"[bold red]problem:[/] {cell(line)}")
     for line in report["warnings"]:
         console.print(f"[yellow]warning:[/] {cell(line)}")
+    console.print(cell(report["compared"]))
     style = "bold green" if report["ok"] else "bold red"
     console.print(f"[{style}]{_verdict(report)}[/]")
 
@@ -147,7 +148,7 @@ def _check_rows(report: dict) -> list[tuple[str, str, str, str]]:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"### lockstep preflight: {_verdict(report)}", ""]
+    lines = [f"### lockstep preflight: {_verdict(report)}", "", _md(report["compared"]), ""]
     lines += ["| check | status | ranks | detail |", "|---|---|---|---|"]
     lines += [f"| {a} | {b} | {c} | {_md(d)} |" for a, b, c, d in _check_rows(report)]
     rows = outlier_rows(report)

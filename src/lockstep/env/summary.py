@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from lockstep.env.report import cell
 
 
@@ -44,7 +46,7 @@ def _headline(name: str, body: dict) -> str:
             return ", ".join(f"{k}={v}" for k, v in body.items())
 
 
-def print_fingerprint(fp: dict) -> None:
+def print_fingerprint(fp: dict, warnings: Sequence[str] = ()) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -55,7 +57,7 @@ def print_fingerprint(fp: dict) -> None:
         table.add_row(name, fp["digests"][name][7:19], cell(_headline(name, body)))
     console = Console(highlight=False, soft_wrap=True)
     console.print(table)
-    for warning in fp["sections"]["resources"]["warnings"]:
+    for warning in warnings:
         console.print(f"[yellow]warning:[/] {cell(warning)}")
 
 

@@ -1,0 +1,165 @@
+"""The preflight's verdict from plain data: no processes, no process group, no torch."""
+
+from __future__ import annotations
+
+from lockstep.env.collectives import COLLECTIVES
+from lockstep.env.verdict import build_report, merge_checks, ranges
+from lockstep.errors import EXIT_FAIL, EXIT_OK
+
+SIZES = (256 << 10, 4 << 20)
+LOCK = {
+    "path": "requirements/cpu.txt",
+    "matches": True,
+    "extra": {},
+    "missing": {},
+    "different": {},
+}
+
+
+def identity(rank: int, host: str = "node0", gpu: str | None = None, checks=None) -> dict:
+    return {
+        "rank": rank,
+        "host": host,
+        "node": 0 if host == "node0" else 1,
+        "local_rank": rank,
+        "gpu": {"index": rank, "name": gpu, "uuid": f"{host}-{rank}"} if gpu else None,
+        "checks": checks or [{"name": "shm", "status": "ok", "detail": "/dev/shm 16.0 GiB"}],
+    }
+
+
+def fingerprint(lock: dict | None = None, cuda: str | None = None) -> dict:
+    return {
+        "sections": {
+            "torch": {"version": "2.13.0+cpu", "cuda": cuda, "nccl": None},
+            "packages": {"lock": lock},
+        }
+    }
+
+
+def measured(seconds=(0.001, 0.01), checksum: int | None = None, broken=()) -> dict:
+    return {
+        "collectives": {name: name not in broken for name in COLLECTIVES},
+        "allreduce_seconds": list(seconds),
+        "matmul_checksum": checksum,
+    }
+
+
+def comparison(groups: list[list[int]], identities: list[dict], fields=()) -> dict:
+    outliers = [
+        {
+            "ranks": [identities[r] for r in group],
+            "fields": [{"field": f, "value": "x", "expected": "y"} for f in fields],
+        }
+        for group in groups[1:]
+    ]
+    return {
+        "groups": groups,
+        "majority": groups[0],
+        "outliers": outliers,
+        "duplicate_gpus": [],
+        "compared_fields": 57,
+        "ignored": [],
+    }
+
+
+def verdict(identities, measurements, groups=None, fields=(), fingerprints=None, **kw) -> dict:
+    groups = groups or [list(range(len(identities)))]
+    return build_report(
+        launcher="torchelastic",
+        backend="gloo",
+        identities=identities,
+        comparison=comparison(groups, identities, fields),
+        fingerprints=fingerprints or {g[0]: fingerprint(LOCK) for g in groups},
+        measurements=measurements,
+        sizes=SIZES,
+        **kw,
+    )
+
+
+def test_identical_ranks_pass_and_say_what_was_compared():
+    report = verdict([identity(0), identity(1)], [measured(), measured()])
+    assert report["ok"] and report["exit_code"] == EXIT_OK and report["problems"] == []
+    assert report["compared"] == (
+        "preflight: 2 ranks identical in 57 fields; torch 2.13.0+cpu, CUDA none, NCCL none; "
+        "lock requirements/cpu.txt matched"
+    )
+    assert report["matmul"]["status"] == "skip"
+    assert [row["bytes"] for row in report["bandwidth"]["sizes"]] == list(SIZES)
+    assert report["nodes"] == [{"node": 0, "host": "node0", "ranks": [0, 1]}]
+
+
+def test_compared_line_without_a_lock_and_with_a_differing_one():
+    ids = [identity(0), identity(1)]
+    none = verdict(ids, [measured(), measured()], fingerprints={0: fingerprint(None)})
+    assert none["compared"].endswith("; no lock given/found")
+    off = {**LOCK, "matches": False, "extra": {"a": "1"}, "different": {"b": {}, "c": {}}}
+    differs = verdict(ids, [measured(), measured()], fingerprints={0: fingerprint(off)})
+    assert differs["compared"].endswith("; lock requirements/cpu.txt differs: 3 packages")
+    assert differs["ok"] and any("do not match" in w for w in differs["warnings"])
+    required = verdict(
+        ids, [measured(), measured()], fingerprints={0: fingerprint(off)}, lock_required=True
+    )
+    assert not required["ok"] and any("do not match" in p for p in required["problems"])
+
+
+def test_outlier_rank_is_named_with_its_host_and_field():
+    ids = [identity(0), identity(1), identity(2, host="node1")]
+    report = verdict(
+        ids, [measured()] * 3, groups=[[0, 1], [2]], fields=["env.NCCL_ALGO", "system.kernel"]
+    )
+    assert not report["ok"] and report["exit_code"] == EXIT_FAIL
+    assert report["problems"] == [
+        "rank 2 on node1 differs from the majority in env.NCCL_ALGO, system.kernel"
+    ]
+    assert "2 ranks identical" not in report["compared"]
+    assert "3 ranks compared in 57 fields, 1 differ" in report["compared"]
+
+
+def test_busbw_below_the_minimum_names_the_slowest_rank():
+    slow = measured(seconds=(0.002, 0.5))
+    report = verdict([identity(0), identity(1)], [measured(), slow], min_busbw=1.0)
+    peak = report["bandwidth"]["sizes"][-1]
+    assert peak["slowest_rank"] == 1 and peak["busbw_gbps_slowest"] < 1.0
+    assert report["problems"] == [report["bandwidth"]["below_min"]]
+    assert "(slowest rank 1) is below --min-busbw 1.0" in report["problems"][0]
+    assert verdict([identity(0), identity(1)], [measured(), slow], min_busbw=0.001)["ok"]
+
+
+def test_matmul_checksum_differing_within_one_gpu_model_fails():
+    ids = [identity(r, gpu="H100") for r in range(3)] + [identity(3, gpu="A100")]
+    sums = [measured(checksum=c) for c in (7, 7, 8, 9)]  # the A100's own sum is fine
+    report = verdict(ids, sums)
+    assert report["matmul"]["status"] == "fail" and report["matmul"]["odd_ranks"] == [2]
+    assert "matmul checksum on rank 2 differs" in report["problems"][0]
+    assert "(H100)" in report["problems"][0]
+    same = verdict(ids, [measured(checksum=c) for c in (7, 7, 7, 9)])
+    assert same["ok"] and same["matmul"]["detail"] == "identical on 2 GPU model(s)"
+
+
+def test_failed_collective_and_worst_local_check_per_rank():
+    warn = [{"name": "shm", "status": "warn", "detail": "/dev/shm is 64 MiB (< 1 GiB)"}]
+    ids = [identity(0), identity(1, checks=warn), identity(2, checks=warn)]
+    report = verdict(ids, [measured(), measured(), measured(broken=("broadcast",))])
+    assert report["collectives"]["broadcast"] == {"ok": False, "failed_ranks": [2]}
+    assert report["problems"] == ["broadcast returned wrong values on rank 2"]
+    assert report["warnings"] == ["shm on rank 1-2: /dev/shm is 64 MiB (< 1 GiB)"]
+    (row,) = merge_checks(ids)
+    assert row["status"] == "warn" and row["ranks"] == [1, 2]
+
+
+def test_one_rank_has_no_bandwidth_and_nothing_to_compare():
+    report = build_report(
+        launcher="manual",
+        backend="gloo",
+        identities=[identity(0)],
+        comparison=comparison([[0]], [identity(0)]),
+        fingerprints={0: fingerprint(None)},
+        measurements=[measured(seconds=())],
+        sizes=(),
+    )
+    assert report["ok"] and report["bandwidth"]["sizes"] == []
+    assert report["compared"].startswith("preflight: 1 rank, 57 fields fingerprinted")
+
+
+def test_rank_ranges_stay_short():
+    assert ranges([5, 0, 2, 1]) == "0-2,5" and ranges([3]) == "3"
