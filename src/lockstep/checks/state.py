@@ -17,19 +17,10 @@ import torch.distributed as dist
 
 from lockstep.train import checkpoint
 
-PARTS = ("parameters", "optimizer", "LR schedule", "RNG", "data position")
-
 
 def rows(steps) -> list[dict]:
     """StepMetrics (or dicts) as the plain records `trajectory.first_divergence` compares."""
     return [s if isinstance(s, dict) else asdict(s) for s in steps]
-
-
-def _scheduler_epoch(engine) -> int | None:
-    sched = getattr(engine, "scheduler", None) or getattr(
-        getattr(engine, "engine", None), "lr_scheduler", None
-    )
-    return getattr(sched, "last_epoch", None)
 
 
 def _rng_digest() -> str:
@@ -47,7 +38,7 @@ def snapshot(trainer) -> dict[str, Any]:
         "step": trainer.step,
         "parameters": trainer.engine.full_parameters(),
         "optimizer": trainer.engine.full_optimizer_state(),
-        "LR schedule": (trainer.engine.lr(), _scheduler_epoch(trainer.engine)),
+        "LR schedule": (trainer.engine.lr(), trainer.engine.lr_schedule_step()),
         "RNG": _rng_digest(),
         "data position": trainer.stream.position,
     }

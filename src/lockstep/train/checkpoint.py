@@ -171,20 +171,16 @@ def check_compatible(manifest: dict[str, Any], path: Path, engine: str) -> None:
 
 
 def load(engine, path: Path) -> dict[str, Any]:
-    """Collective: rank 0 verifies (and, for ZeRO at another world size, converts to DeepSpeed's
-    universal checkpoint), every rank restores; returns the client state.
-
-    DCP reshards ddp/fsdp checkpoints to any world size by itself."""
-    from lockstep.train.engines.zero import ZeroEngine, universal_checkpoint
-
+    """Collective: rank 0 verifies and lets the engine prepare the checkpoint for this world
+    size (ZeRO converts it to DeepSpeed's universal checkpoint; DCP reshards ddp/fsdp
+    checkpoints by itself), every rank restores; returns the client state."""
     answer: list[Any] = [None, None]  # error, saved world size
     if dist.get_rank() == 0:
         try:
             manifest = verify(path)
             check_compatible(manifest, path, engine.cfg.engine.name)
             answer[1] = manifest["world_size"]
-            if isinstance(engine, ZeroEngine) and answer[1] != dist.get_world_size():
-                universal_checkpoint(path)
+            engine.prepare_load(path, answer[1])
         except UsageError as exc:
             answer[0] = str(exc)
     dist.broadcast_object_list(answer, src=0)

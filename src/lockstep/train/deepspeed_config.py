@@ -129,7 +129,7 @@ def load_user_config(cfg: RunConfig, world_size: int, model=None) -> dict[str, A
     """The user's ds_config.json with "auto" resolved; problems raise UsageError."""
     ds = read_json(cfg.engine.ds_config)
     ds = resolve_auto(ds, cfg, world_size, model)
-    found = problems(ds, world_size, resolved_by_integration=False)
+    found = problems(ds, world_size)
     if found:
         raise UsageError(f"{cfg.engine.ds_config}: {found[0]} (run 'lockstep ds-config' for all)")
     return ds
@@ -169,9 +169,7 @@ def _auto_paths(node: Any, prefix: str = "") -> list[str]:
     return [prefix[:-1]] if node == "auto" else []
 
 
-def problems(
-    ds: dict[str, Any], world_size: int, resolved_by_integration: bool = False
-) -> list[str]:
+def problems(ds: dict[str, Any], world_size: int) -> list[str]:
     """Every problem in a DeepSpeed config, one line each; empty when it is fine."""
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
     from deepspeed.runtime.zero.offload_config import (
@@ -218,10 +216,9 @@ def problems(
             f"gradient_accumulation_steps × world size = {batch[1]}×{accum}×{world_size} = "
             f"{batch[1] * accum * world_size}"
         )
-    if not resolved_by_integration:
-        for path in _auto_paths(ds):
-            found.append(
-                f"'{path}' is \"auto\": only an integration that fills it in (transformers' "
-                "Trainer, lockstep train) accepts that; set a value"
-            )
+    for path in _auto_paths(ds):
+        found.append(
+            f"'{path}' is \"auto\": only an integration that fills it in (transformers' "
+            "Trainer, lockstep train) accepts that; set a value"
+        )
     return found

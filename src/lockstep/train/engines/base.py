@@ -1,6 +1,8 @@
 """The engine interface: one optimizer step with accumulation, clipping and the pre-clip norm;
 save and load through the framework's own checkpoint mechanism; full (unsharded) state for
-checks that compare engines."""
+checks that compare engines; the LR schedule's position and the optimizer that applies the
+update, for checks that look inside a step. Code outside `lockstep.train.engines` uses only
+this interface, so a new engine is one new module here (and a name in `build_engine`)."""
 
 from __future__ import annotations
 
@@ -69,6 +71,9 @@ class Engine(ABC):
 
     name: str
     module: nn.Module  # the user's model (unwrapped), for parameter names
+    # True when each rank's `update_optimizer` holds a disjoint shard of the gradients
+    # (their norms add up across ranks), False when every rank holds all of them
+    gradients_sharded: bool
 
     def __init__(self, model: nn.Module, cfg: RunConfig, ctx: Context):
         self.cfg = cfg
@@ -91,8 +96,24 @@ class Engine(ABC):
     def lr(self) -> float: ...
 
     @abstractmethod
+    def lr_schedule_step(self) -> int | None:
+        """How often the LR schedule has advanced (the torch scheduler's `last_epoch`); None
+        when the schedule does not count that way (a user's DeepSpeed scheduler)."""
+
+    @abstractmethod
+    def update_optimizer(self) -> torch.optim.Optimizer:
+        """The torch optimizer whose `step` applies the update, for step hooks: it sees the
+        clipped gradients, this rank's shard of them when `gradients_sharded`."""
+
+    @abstractmethod
     def save(self, path: Path, client_state: dict[str, Any]) -> None:
         """Write this engine's state under `path` (a directory every rank can see)."""
+
+    @abstractmethod
+    def prepare_load(self, path: Path, saved_world_size: int) -> None:
+        """Rank 0 only, before every rank calls `load`: make the checkpoint at `path`, written
+        by `saved_world_size` ranks, loadable at this world size (UsageError when it cannot
+        be)."""
 
     @abstractmethod
     def load(self, path: Path, saved_world_size: int) -> dict[str, Any]:
@@ -109,3 +130,7 @@ class Engine(ABC):
 
     def param_names(self) -> list[str]:
         return [n for n, _ in self.module.named_parameters()]
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release what the framework holds for this engine (not the process group)."""

@@ -13,6 +13,7 @@ from lockstep.train.engines.native import NativeEngine
 
 class DDPEngine(NativeEngine):
     name = "ddp"
+    gradients_sharded = False
 
     def wrap(self, model: nn.Module) -> nn.Module:
         model.to(self.ctx.device)

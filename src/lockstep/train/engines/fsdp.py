@@ -17,6 +17,7 @@ from lockstep.train.model import block_modules
 
 class FSDPEngine(NativeEngine):
     name = "fsdp"
+    gradients_sharded = True
 
     def wrap(self, model: nn.Module) -> nn.Module:
         mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))

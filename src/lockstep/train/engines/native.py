@@ -108,6 +108,12 @@ class NativeEngine(Engine):
     def lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])
 
+    def lr_schedule_step(self) -> int | None:
+        return self.scheduler.last_epoch
+
+    def update_optimizer(self) -> torch.optim.Optimizer:
+        return self.optimizer
+
     def save(self, path: Path, client_state: dict[str, Any]) -> None:
         model_sd, optim_sd = get_state_dict(self.wrapped, self.optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / "dcp"))
@@ -120,6 +126,9 @@ class NativeEngine(Engine):
                 },
                 path / TRAINER_STATE,
             )
+
+    def prepare_load(self, path: Path, saved_world_size: int) -> None:
+        del path, saved_world_size  # DCP reshards to this world size on its own
 
     def load(self, path: Path, saved_world_size: int) -> dict[str, Any]:
         del saved_world_size  # DCP reshards to this world size on its own
@@ -137,6 +146,9 @@ class NativeEngine(Engine):
         if self.scaler and extra["scaler"]:
             self.scaler.load_state_dict(extra["scaler"])
         return extra["client"]
+
+    def close(self) -> None:
+        pass  # torch holds nothing beyond the process group, which the trainer owns
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         full = get_model_state_dict(self.wrapped, options=StateDictOptions(full_state_dict=True))

@@ -26,6 +26,8 @@ OPTIMIZER_KEYS = ("exp_avg", "exp_avg_sq")
 
 
 class ZeroEngine(Engine):
+    gradients_sharded = True  # every ZeRO stage partitions the fp32 gradients it steps with
+
     def __init__(self, model: nn.Module, cfg, ctx: Context):
         super().__init__(model, cfg, ctx)
         import deepspeed
@@ -79,6 +81,15 @@ class ZeroEngine(Engine):
     def lr(self) -> float:
         return float(self.engine.get_lr()[0])
 
+    def lr_schedule_step(self) -> int | None:
+        return getattr(self.engine.lr_scheduler, "last_epoch", None)
+
+    def update_optimizer(self) -> torch.optim.Optimizer:
+        return self.engine.optimizer.optimizer  # the torch optimizer inside ZeRO's wrapper
+
+    def close(self) -> None:
+        self.engine.destroy()
+
     def save(self, path: Path, client_state: dict[str, Any]) -> None:
         self.engine.save_checkpoint(
             str(path / "deepspeed"),
@@ -87,9 +98,13 @@ class ZeroEngine(Engine):
             save_latest=False,
         )
 
+    def prepare_load(self, path: Path, saved_world_size: int) -> None:
+        if saved_world_size != self.ctx.world_size:
+            universal_checkpoint(path)
+
     def load(self, path: Path, saved_world_size: int) -> dict[str, Any]:
         """Same world size: DeepSpeed's own checkpoint. Another one: the universal checkpoint
-        that `universal_checkpoint` made beside it, loaded with `checkpoint.load_universal`."""
+        that `prepare_load` made beside it, loaded with `checkpoint.load_universal`."""
         universal = saved_world_size != self.ctx.world_size
         config = self.engine._config  # DeepSpeed reads the flag at load time only
         config.load_universal_checkpoint = universal
