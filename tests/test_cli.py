@@ -42,7 +42,8 @@ def test_deepspeed_launcher_local_rank_argument_becomes_local_rank(monkeypatch):
 
     from lockstep.cli import _take_local_rank
 
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "")  # so that monkeypatch unsets it again afterwards
+    monkeypatch.delenv("LOCAL_RANK")
     assert _take_local_rank(["--local_rank=3", "preflight", "--nproc", "2"]) == [
         "preflight",
         "--nproc",

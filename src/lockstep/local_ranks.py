@@ -1,9 +1,11 @@
 """Start N ranks on this machine through torchrun, as `--standalone` does.
 
-In-process through torchrun's launcher API for `lockstep preflight --nproc N` and `lockstep
-train --nproc N` (`run_local`): a c10d rendezvous on the loopback with a port the OS picks
-(never a fixed port), no restarts. As a command for a user's script or a job whose code comes
-from elsewhere (`check --script`, `gate`): `torchrun_command` and `run_launcher`.
+Through torchrun's launcher API: a function on each rank (`run_local`: `train --nproc N`,
+`check NAME CONFIG`) or `python -m lockstep ...` on each rank (`run_local_cli`: `preflight
+--nproc N`); a c10d rendezvous on the loopback with a port the OS picks, no restarts. As a
+command for a user's script or a job whose code comes from elsewhere (`check --script`,
+`gate`): `torchrun_command` and `run_launcher`. `rank_environment` sets what ranks need before
+torch and DeepSpeed start. Which launcher started *this* process is `lockstep.env.launcher`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import MutableMapping
 from pathlib import Path
 
 # libstdc++'s std::terminate message: a joinable std::thread destroyed at exit (gloo's
@@ -28,6 +31,20 @@ IN_PYTHON = re.compile(
 )
 # the launchers' summaries of each failed rank (torchrun, then the deepspeed launcher)
 EXIT_CODES = re.compile(r"exitcode\s*:\s*(-?\d+)|exits with return code = (-?\d+)")
+
+
+def rank_environment(
+    device: str | None, nproc: int | None = None, env: MutableMapping[str, str] | None = None
+) -> None:
+    """Set in `env` (default os.environ) what ranks need before torch and DeepSpeed start:
+    DeepSpeed's CPU accelerator when `device` is "cpu" (its probe would pick CUDA on a GPU
+    machine), and with `nproc` ranks on this machine an even share of its cores each
+    (OMP_NUM_THREADS, unless set)."""
+    env = os.environ if env is None else env
+    if device == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+    if nproc:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
 
 
 def standalone_config(nproc: int, name: str, **overrides):
@@ -86,27 +103,52 @@ def scrubbed_logs(logger: str = "torch.distributed.elastic"):
             handler.removeFilter(scrub)
 
 
-def run_local(fn, args: tuple, nproc: int, name: str, **overrides) -> dict:
-    """Run `fn(*args)` on `nproc` spawned local ranks; {rank: return value}.
+def run_local(fn, args: tuple, nproc: int, name: str, device: str, **overrides):
+    """Run `fn(*args)` on `nproc` spawned local ranks for `device`; rank 0's return value.
 
-    A rank that fails (an exception, a signal) ends in one LockstepError naming it; its
-    traceback was already printed by torchelastic's error handler.
+    A rank may return a LockstepError instead of raising it: the first such one, in rank order,
+    is raised here. A rank that fails (an exception, a signal) ends in one LockstepError naming
+    it; its traceback was already printed by torchelastic's error handler.
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
     from lockstep.errors import EXIT_FAIL, LockstepError
 
+    rank_environment(device, nproc)
     config = standalone_config(nproc, name, start_method="spawn", **overrides)
     try:
         with scrubbed_logs():
-            return elastic_launch(config, fn)(*args)
+            results = elastic_launch(config, fn)(*args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         raise LockstepError(
             f"rank {rank} failed with exit code {failure.exitcode}; its traceback is above",
             EXIT_FAIL,
         ) from None
+    for rank in sorted(results):
+        if isinstance(results[rank], LockstepError):
+            raise results[rank]
+    return results[0]
+
+
+def run_local_cli(nproc: int, argv: list[str]) -> int:
+    """Run `python -m lockstep *argv` on `nproc` local ranks; the exit code they agree on
+    (rank 0 decides it), or EXIT_TIMEOUT when a rank was killed by a signal (a missing rank)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    from lockstep.errors import EXIT_FAIL, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE
+
+    # The agent's own INFO/WARNING lines (and its failure dump) repeat what rank 0 prints.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    config = standalone_config(nproc, argv[0])
+    try:
+        elastic_launch(config, sys.executable)("-m", "lockstep", *argv)
+    except ChildFailedError as err:
+        codes = {f.exitcode for f in err.failures.values()}
+        return max(codes) if codes <= {EXIT_FAIL, EXIT_USAGE, EXIT_TIMEOUT} else EXIT_TIMEOUT
+    return EXIT_OK
 
 
 def torchrun_command(nproc: int, argv: list[str]) -> list[str]:

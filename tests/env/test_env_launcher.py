@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
 
 from lockstep.cli import main
-from lockstep.env.launcher import detect, expand_tasks_per_node, first_host
+from lockstep.env.launcher import LAUNCHER_VARIABLES, detect, expand_tasks_per_node, first_host
 from lockstep.errors import UsageError
 
 MASTER = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+CONFIG = str(Path(__file__).resolve().parents[2] / "smoke" / "cpu-ddp.toml")
+RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+SRUN = {  # rank 3 of `srun -N2 --ntasks-per-node 2`, no MASTER_ADDR/MASTER_PORT exported
+    "SLURM_PROCID": "3",
+    "SLURM_NTASKS": "4",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_NODELIST": "gpu[07-08]",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+    "SLURM_JOB_ID": "4242",
+    "SLURM_LAUNCH_NODE_IPADDR": "10.9.9.9",  # the old train-only derivation's address
+}
+MPIRUN = {
+    "OMPI_COMM_WORLD_RANK": "2",
+    "OMPI_COMM_WORLD_SIZE": "4",
+    "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    "OMPI_COMM_WORLD_NODE_RANK": "1",
+    **MASTER,
+}
 
 
 @pytest.mark.parametrize(
@@ -191,3 +215,77 @@ def test_slurm_host_list_helpers():
     assert first_host("node1") == "node1"
     assert first_host("a[3-4]") == "a3"
     assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+
+
+@pytest.fixture
+def launched(monkeypatch):
+    """`launch(env)`: this process as one rank of that launch (every other launcher variable
+    unset); the environment, which `train` writes into, is put back afterwards."""
+    saved = dict(os.environ)
+
+    def launch(env: dict[str, str]) -> None:
+        for name in {*LAUNCHER_VARIABLES, "TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE"}:
+            os.environ.pop(name, None)
+        os.environ.update(env)
+
+    yield launch
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def preflight_rendezvous(monkeypatch) -> dict[str, str]:
+    """What `lockstep preflight` would connect to under the current launcher."""
+    from lockstep.env import preflight
+
+    seen = {}
+
+    def run_rank(info, args):
+        seen.update(RANK=info.rank, WORLD_SIZE=info.world_size, LOCAL_RANK=info.local_rank)
+        seen.update(MASTER_ADDR=info.master_addr, MASTER_PORT=info.master_port)
+        return 0
+
+    monkeypatch.setattr(preflight, "run_rank", run_rank)
+    assert main(["preflight"]) == 0
+    return {k: str(v) for k, v in seen.items()}
+
+
+def train_rendezvous(monkeypatch, tmp_path) -> dict[str, str]:
+    """The env:// variables `lockstep train` leaves for its process group under the current
+    launcher (`init_process_group` reads exactly these)."""
+    from lockstep.train import trainer
+
+    seen = {}
+
+    def run_training(cfg, out):
+        seen.update({name: os.environ.get(name) for name in RENDEZVOUS})
+        return SimpleNamespace(stopped_by=None, summary=lambda: "ok")
+
+    monkeypatch.setattr(trainer, "run_training", run_training)
+    assert main(["train", CONFIG, "--out", str(tmp_path)]) == 0
+    return seen
+
+
+def test_preflight_and_train_meet_at_the_same_slurm_rendezvous(launched, monkeypatch, tmp_path):
+    launched(SRUN)
+    checked = preflight_rendezvous(monkeypatch)
+    trained = train_rendezvous(monkeypatch, tmp_path)
+    assert trained == checked
+    port = str(15000 + 4242 % 20000)
+    assert checked == dict(
+        RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", MASTER_ADDR="gpu07", MASTER_PORT=port
+    )
+
+
+def test_train_under_mpirun_takes_ranks_from_open_mpi(launched, monkeypatch, tmp_path):
+    launched(MPIRUN)
+    trained = train_rendezvous(monkeypatch, tmp_path)
+    assert trained == dict(RANK="2", WORLD_SIZE="4", LOCAL_RANK="0", **MASTER)
+    assert trained == preflight_rendezvous(monkeypatch)
+
+
+def test_train_under_half_set_mpirun_names_the_missing_variable(launched, capsys):
+    launched({k: v for k, v in MPIRUN.items() if k != "MASTER_ADDR"})
+    assert main(["train", CONFIG]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("lockstep: error: openmpi launch needs")
+    assert "MASTER_ADDR" in err and "Traceback" not in err

@@ -124,7 +124,7 @@ def _report(result) -> None:
 def _harness_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) -> list:
     """Each check in its own launch (resume: two), the single-launch checks of `all` in one."""
     from lockstep.checks import harness
-    from lockstep.checks.launch import launch, rank_checks, rank_elastic
+    from lockstep.checks.harness_ranks import rank_checks, rank_elastic, run_ranks
     from lockstep.train.config import load_config
 
     overrides = list(args.overrides) + ([f"steps={args.steps}"] if args.steps else [])
@@ -144,7 +144,7 @@ def _harness_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) -
     fixed_config = fixed.model_dump(mode="json")
 
     def ranks(names, n=nproc, config=config, **options):
-        found = launch(
+        found = run_ranks(
             rank_checks, (names, config, str(workdir), options), n, device,
             deterministic=cfg.deterministic,
         )  # fmt: skip
@@ -172,7 +172,7 @@ def _harness_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) -
             results.append(harness.combine("world-size", found))
         elif name == "elastic":
             kill_at = max(1, cfg.steps // 2)
-            outcome = launch(
+            outcome = run_ranks(
                 rank_elastic, (config, str(workdir / "elastic"), kill_at), nproc, device,
                 max_restarts=1, deterministic=cfg.deterministic,
             )  # fmt: skip

@@ -230,9 +230,8 @@ class PostClipNorm:
     """
 
     def __init__(self, engine, norm_type: float, device: torch.device):
-        native = hasattr(engine, "scheduler")
-        optimizer = engine.optimizer if native else engine.engine.optimizer.optimizer
-        self.sharded = engine.name != "ddp"
+        optimizer = engine.update_optimizer()
+        self.sharded = engine.gradients_sharded
         self.inf = math.isinf(norm_type)
         self.device = device
         self.parts: list[float] = []

@@ -78,14 +78,15 @@ def _positive_float(text: str) -> float:
 
 
 def fingerprint_command(args) -> int:
-    from lockstep.env import fingerprint
+    from lockstep.env import fingerprint, localchecks
     from lockstep.env.summary import print_fingerprint
 
     _writable(args.json)
     fp = fingerprint.collect(lock=_existing(args.lock, "lock file"))
     if args.json:
         fingerprint.dump(fp, Path(args.json))
-    print_fingerprint(fp)
+    shm = localchecks.shm()
+    print_fingerprint(fp, warnings=[shm["detail"]] if shm["status"] == "warn" else [])
     return EXIT_OK
 
 
@@ -107,9 +108,9 @@ def preflight_command(args) -> int:
     _writable(args.json)
     info = launcher.detect()
     if info is None:
-        from lockstep.env.launch import launch_local
+        from lockstep.local_ranks import run_local_cli
 
-        return launch_local(args.nproc or 1, _rank_argv(args))
+        return run_local_cli(args.nproc or 1, ["preflight", *_rank_argv(args)])
     if args.nproc is not None:
         raise UsageError(
             f"--nproc starts local ranks itself; drop it when running under {info.launcher}"

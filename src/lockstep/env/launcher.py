@@ -1,4 +1,5 @@
-"""Which launcher started this process, and this rank's place in the job.
+"""Which launcher started this process, and this rank's place in the job: the one reader of
+launcher variables, for `preflight`, `train` and `check` alike.
 
 Every launcher names rank, world size and local rank differently (see the field notes); this
 module reads them once into a `RankInfo`. Half-set or contradictory variables raise
@@ -6,13 +7,14 @@ module reads them once into a `RankInfo`. Half-set or contradictory variables ra
 Launchers that export no rendezvous address (srun, mpirun, PMI, MVAPICH) take MASTER_ADDR and
 MASTER_PORT from the environment; under Slurm they default to the first host of the step's
 node list and a port derived from the job id, so every rank computes the same pair.
+`adopt()` also writes the result as torch.distributed's `env://` variables.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
 
@@ -140,6 +142,25 @@ def detect(environ: Mapping[str, str] | None = None) -> RankInfo | None:
         master_port=master_port,
         agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
     )
+
+
+def adopt(environ: MutableMapping[str, str] | None = None) -> RankInfo | None:
+    """`detect()`, then write its answer as torch.distributed's `env://` variables (RANK,
+    WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so that ranks of
+    srun, mpirun or PMI join a process group as torchrun's do. None when no launcher is set."""
+    env = os.environ if environ is None else environ
+    info = detect(env)
+    if info is not None:
+        values = {
+            "RANK": info.rank,
+            "WORLD_SIZE": info.world_size,
+            "LOCAL_RANK": info.local_rank,
+            "LOCAL_WORLD_SIZE": info.local_world_size,
+            "MASTER_ADDR": info.master_addr,
+            "MASTER_PORT": info.master_port,
+        }
+        env.update({name: str(value) for name, value in values.items() if value is not None})
+    return info
 
 
 def _usage(message: str):

@@ -33,41 +33,70 @@ def register(subparsers) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    """One rank of an outer launch (`lockstep.env.launcher` reads which), or, with none,
+    `--nproc` local ranks started here after the config and resume checks."""
+    from lockstep.env import launcher
     from lockstep.errors import EXIT_FAIL, UsageError
-    from lockstep.train import launch
     from lockstep.train.config import load_config
 
     cfg = load_config(args.config, args.overrides)
     out = Path(args.out)
-    world = launch.launcher_world_size()
-    if world is None:
+    info = launcher.adopt()  # sets RANK, MASTER_ADDR, ... for srun, mpirun and PMI too
+    if info is None:
         if args.nproc < 1:
             raise UsageError(f"--nproc {args.nproc}: need at least 1")
-        launch.preflight(cfg, args.nproc, out)
-        print(f"lockstep: {launch.start_local_ranks(cfg, args.nproc, out)}")
+        _check_before_start(cfg, args.nproc, out)
+        print(f"lockstep: {_start_local_ranks(cfg, args.nproc, out)}")
         return 0
     from lockstep.train.trainer import run_training
 
     result = run_training(cfg, out)  # checks the config itself; rank 0 verifies the checkpoint
-    if dist_rank() == 0:
+    if info.rank == 0:
         print(f"lockstep: {result.summary()}")
     return EXIT_FAIL if result.stopped_by else 0
 
 
-def dist_rank() -> int:
-    import os
+def _check_before_start(cfg, world_size: int, out_dir: Path) -> None:
+    """Config and resume checks in the parent, so a bad config exits 2 before any rank starts."""
+    from lockstep.train import checkpoint
 
-    return int(os.environ.get("RANK", 0))
+    cfg.check(world_size)
+    root = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else out_dir / "checkpoints"
+    path = checkpoint.find(root, cfg.checkpoint.resume)
+    if path is not None:
+        manifest = checkpoint.verify(path)
+        checkpoint.check_compatible(manifest, path, cfg.engine.name)
+
+
+def _start_local_ranks(cfg, nproc: int, out_dir: Path) -> str:
+    """Start `nproc` ranks on this machine, wait for them; rank 0's summary, or the first
+    failing rank's as a LockstepError."""
+    from lockstep.local_ranks import run_local
+
+    config = cfg.model_dump(mode="json")
+    return run_local(rank_main, (config, str(out_dir)), nproc, "train", cfg.resolved_device())
+
+
+def rank_main(config: dict, out_dir: str):
+    """Entry point of each locally started rank: its summary, or a LockstepError to raise."""
+    from lockstep.errors import EXIT_FAIL, LockstepError
+    from lockstep.train.config import from_dict
+    from lockstep.train.trainer import run_training
+
+    try:
+        result = run_training(from_dict(config), out_dir)
+    except LockstepError as err:
+        return LockstepError(str(err), err.exit_code)
+    return LockstepError(result.summary(), EXIT_FAIL) if result.stopped_by else result.summary()
 
 
 def run_ds_config(args: argparse.Namespace) -> int:
-    import os
-
     from lockstep.errors import EXIT_FAIL, EXIT_OK
+    from lockstep.local_ranks import rank_environment
     from lockstep.train.deepspeed_config import problems, read_json
 
     # Only DeepSpeed's config classes are needed: skip its accelerator probe and its banner.
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    rank_environment("cpu")
 
     found = problems(read_json(args.file), args.world_size)
     for line in found:

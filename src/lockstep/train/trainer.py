@@ -1,9 +1,10 @@
 """The training loop every engine shares, usable in-process: `run_training(cfg, out_dir)`.
 
 It joins the default process group when one exists (a warm test worker, torchrun, the
-deepspeed launcher), else initializes one from the launcher's environment variables, else runs
-as a single process. Checks build on `Trainer`: per-step metrics, a final parameter digest,
-and the full (unsharded) parameters and optimizer state of any engine.
+deepspeed launcher), else initializes one from the launcher's variables (read by
+`lockstep.env.launcher`: torchrun, srun, mpirun, PMI), else runs as a single process. Checks
+build on `Trainer`: per-step metrics, a final parameter digest, and the full (unsharded)
+parameters and optimizer state of any engine.
 """
 
 from __future__ import annotations
@@ -21,15 +22,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from lockstep.env import launcher
 from lockstep.errors import UsageError
 from lockstep.gate.alerts import Evaluator
+from lockstep.local_ranks import rank_environment
 from lockstep.redact import redact_mapping
 from lockstep.train import checkpoint
 from lockstep.train.config import RunConfig
 from lockstep.train.data import build_stream
 from lockstep.train.engines import Engine, build_engine
 from lockstep.train.engines.base import Context
-from lockstep.train.launch import check_launch_vars
 from lockstep.train.metrics import MetricsSink, NullSink, StepMetrics, memory, memory_total
 from lockstep.train.model import build_model, vocab_size
 
@@ -75,7 +77,7 @@ def join_process_group(device: str) -> bool:
     if dist.is_initialized():
         return False
     backend = "nccl" if device == "cuda" else "gloo"
-    if check_launch_vars():
+    if launcher.adopt() is not None:  # torchrun, srun, mpirun, ...: env:// from its variables
         dist.init_process_group(backend, timeout=PG_TIMEOUT)
     else:  # a single process
         store = dist.HashStore()
@@ -101,8 +103,7 @@ class Trainer:
         self.cfg = cfg
         self.out_dir = Path(out_dir)
         device = cfg.resolved_device()
-        if device == "cpu":
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        rank_environment(device)  # before DeepSpeed's accelerator probe
         self.owns_group = join_process_group(device)
         try:
             self._build(cfg, device)
@@ -262,9 +263,7 @@ class Trainer:
         return MetricsSink(self.out_dir, run_config, self.cfg, end, start)
 
     def close(self) -> None:
-        destroy = getattr(getattr(self.engine, "engine", None), "destroy", None)
-        if callable(destroy):
-            destroy()
+        self.engine.close()
         if self.owns_group:
             dist.destroy_process_group()
 

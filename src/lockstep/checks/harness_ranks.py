@@ -1,8 +1,9 @@
-"""Start the ranks of a harness check through torchrun's launcher API and collect rank 0's
-result; the elastic check's ranks, which kill one of themselves and resume after a restart.
+"""What each rank of a harness check (`lockstep check NAME CONFIG`) runs, and `run_ranks` to
+start them on this machine (`lockstep.local_ranks.run_local`) and collect rank 0's result.
 
 One launch runs the several trainings of a check one after another in the same processes,
 so a check pays the process start (several seconds with DeepSpeed) once, not per training.
+The elastic check's ranks kill one of themselves and resume after a restart.
 """
 
 from __future__ import annotations
@@ -18,21 +19,15 @@ from lockstep.local_ranks import run_local
 ELASTIC_STATE = "elastic-reference.pt"
 
 
-def launch(
+def run_ranks(
     fn, args: tuple, nproc: int, device: str, max_restarts: int = 0, deterministic: bool = True
 ) -> Any:
     """Run `fn(*args)` on `nproc` local ranks; rank 0's return value, or a LockstepError."""
-    if device == "cpu":
-        os.environ["DS_ACCELERATOR"] = "cpu"
-    elif deterministic:  # pinned before NCCL and cuBLAS start (field notes: torchtitan)
+    # Pinned before NCCL and cuBLAS start (field notes: torchtitan).
+    if device != "cpu" and deterministic:
         os.environ.setdefault("NCCL_ALGO", "Ring")
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
-    results = run_local(fn, args, nproc, "check", max_restarts=max_restarts)
-    for rank in sorted(results):
-        if isinstance(results[rank], LockstepError):
-            raise results[rank]
-    return results[0]
+    return run_local(fn, args, nproc, "check", device, max_restarts=max_restarts)
 
 
 def _in_group(device: str, body, attempt: int | None = None):
