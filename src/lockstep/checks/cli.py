@@ -12,15 +12,8 @@ import json
 import tempfile
 from pathlib import Path
 
+from lockstep.checks import registry
 from lockstep.errors import EXIT_FAIL, EXIT_OK, UsageError
-
-SCRIPT_CHECKS = ("determinism", "resume", "world-size", "replicas")
-HARNESS_CHECKS = (
-    "determinism", "resume", "clip", "equivalence", "world-size", "accumulation", "replicas",
-    "elastic",
-)  # fmt: skip
-# Checks that need only one launch run together in one launch under `all`.
-SHARED_LAUNCH = ("determinism", "clip", "equivalence", "accumulation", "replicas")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and compare the per-step metrics it logs with lockstep.track.log (determinism, "
         "resume, world-size, replicas; see README, 'Check your own training script').",
     )
-    p.add_argument("name", choices=[*HARNESS_CHECKS, "all"], help="the check to run")
+    p.add_argument("name", choices=[*registry.names(), "all"], help="the check to run")
     p.add_argument("config", nargs="?", help="run config (TOML), e.g. smoke/cpu-zero3.toml")
     p.add_argument(
         "--script",
@@ -113,10 +106,12 @@ def run_checks(args: argparse.Namespace) -> int:
 
 def _report(result) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console(stderr=False, highlight=False)
     mark = "[green]PASS[/green]" if result.passed else "[red]FAIL[/red]"
-    console.print(f"{mark} {result.name}: {result.summary}", markup=True)
+    # the summary may hold paths and values with brackets: never markup
+    console.print(f"{mark} {escape(result.name)}: {escape(result.summary)}", markup=True)
     if result.diagnosis and not result.passed:
         console.print(f"     likely cause: {result.diagnosis}", markup=False)
 
@@ -152,25 +147,25 @@ def _harness_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) -
             _report(result)
         return found
 
-    names = HARNESS_CHECKS if args.name == "all" else (args.name,)
-    results = []
-    if args.name == "all":
-        results += ranks([n for n in HARNESS_CHECKS if n in SHARED_LAUNCH])
+    names = registry.names() if args.name == "all" else (args.name,)
+    shared = registry.shared(names) if args.name == "all" else ()
+    results = ranks(list(shared)) if shared else []
     for name in names:
-        if name in SHARED_LAUNCH and args.name == "all":
+        launch = registry.CHECKS[name].launch
+        if name in shared:
             continue
-        if name == "resume":
+        if launch == "resume":
             half = max(1, cfg.steps // 2)
             other = args.resume_nproc or nproc
             fixed.check(other)
             ranks(["resume-reference"], config=fixed_config, half=half)
             results += ranks(["resume-compare"], n=other, config=fixed_config, half=half)
-        elif name == "world-size":
+        elif launch == "world-sizes":
             for n in sizes:
                 fixed.check(n)
             found = [r for n in sizes for r in ranks(["world-size"], n, fixed_config)]
             results.append(harness.combine("world-size", found))
-        elif name == "elastic":
+        elif launch == "elastic":
             kill_at = max(1, cfg.steps // 2)
             outcome = run_ranks(
                 rank_elastic, (config, str(workdir / "elastic"), kill_at), nproc, device,
@@ -186,9 +181,10 @@ def _harness_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) -
 def _script_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) -> list:
     from lockstep.checks import script
 
-    if args.name not in (*SCRIPT_CHECKS, "all"):
+    supported = registry.names(script=True)
+    if args.name not in (*supported, "all"):
         raise UsageError(
-            f"check '{args.name}' needs a run CONFIG; --script supports {', '.join(SCRIPT_CHECKS)}"
+            f"check '{args.name}' needs a run CONFIG; --script supports {', '.join(supported)}"
         )
     if args.overrides or args.resume_nproc:
         raise UsageError("--set and --resume-nproc apply to a run CONFIG, not to --script")
@@ -196,7 +192,7 @@ def _script_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) ->
     runner = script.ScriptRunner(
         args.script, workdir, timeout=args.timeout, launcher=args.launcher or "torchrun"
     )
-    names = SCRIPT_CHECKS if args.name == "all" else (args.name,)
+    names = supported if args.name == "all" else (args.name,)
     if args.name == "all" and args.nproc < 2:
         names = tuple(n for n in names if n != "replicas")  # needs two ranks to compare
     exact = {"rtol": args.rtol or 0.0, "atol": args.atol or 0.0}

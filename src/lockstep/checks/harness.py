@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from lockstep.checks.reference import run_reference
-from lockstep.checks.script import CheckResult
+from lockstep.checks.result import CheckResult, tolerance
 from lockstep.checks.state import differences, first_tensor_difference, rows, snapshot
 from lockstep.checks.trajectory import Divergence, first_divergence
 from lockstep.errors import UsageError
@@ -59,10 +59,6 @@ def numeric_tolerance(cfg: RunConfig) -> tuple[float, float]:
     return (1e-5, 1e-7) if cfg.precision == "fp32" else (2e-2, 1e-3)
 
 
-def _tol(rtol: float, atol: float) -> str:
-    return "bitwise" if rtol == atol == 0 else f"within rtol={rtol:g}, atol={atol:g}"
-
-
 def _first_param_difference(want, got, rtol, atol) -> str | None:
     diff = first_tensor_difference(want, got, rtol, atol)
     return f"parameters differ: {diff}" if diff else None
@@ -84,7 +80,7 @@ def check_determinism(cfg: RunConfig, workdir: Path) -> CheckResult:
                 "determinism",
                 True,
                 f"{cfg.engine.name}: two runs of {cfg.steps} steps on {world_size()} ranks agree "
-                f"{_tol(rtol, atol)}, final parameter digest {runs[0].param_digest[:16]}",
+                f"{tolerance(rtol, atol)}, final parameter digest {runs[0].param_digest[:16]}",
             )
         return CheckResult(
             "determinism",
@@ -186,7 +182,7 @@ def resume_compare(cfg: RunConfig, workdir: Path, half: int) -> CheckResult:
             "resume",
             True,
             f"{where}: the loaded state and steps {half + 1}..{2 * half} match a straight run "
-            f"{_tol(rtol, atol)}, final parameters and optimizer state included",
+            f"{tolerance(rtol, atol)}, final parameters and optimizer state included",
         )
     if lost:
         diagnosis = "not restored by the resume: " + "; ".join(
@@ -323,7 +319,7 @@ def check_clip(cfg: RunConfig, workdir: Path, steps: int = 2) -> CheckResult:
         "clip",
         True,
         f"{what}: pre-clip norms {got[0]['grad_norm']:.4g}.. match the unsharded reference "
-        f"{_tol(rtol, atol)}, post-clip norm <= {FORCED_MAX_NORM:g}, parameters match after "
+        f"{tolerance(rtol, atol)}, post-clip norm <= {FORCED_MAX_NORM:g}, parameters match after "
         f"{steps} steps",
     )
 
@@ -375,7 +371,9 @@ def _agree(
                 diagnosis=diagnosis,
             )
     steps = len(base_rows)
-    return CheckResult(name, True, f"{', '.join(runs)} agree over {steps} steps {_tol(rtol, atol)}")
+    return CheckResult(
+        name, True, f"{', '.join(runs)} agree over {steps} steps {tolerance(rtol, atol)}"
+    )
 
 
 def check_equivalence(
@@ -536,3 +534,16 @@ def check_replicas(cfg: RunConfig, workdir: Path) -> CheckResult:
         diagnosis=_diagnose_replica(quantity, step, None, rank),
         rank=rank,
     )
+
+
+# The checks that run inside one launch, by their registry name (`checks/registry.py`); resume
+# in new processes and elastic are driven by `harness_ranks`.
+RANK_CHECKS = {
+    "determinism": check_determinism,
+    "resume": check_resume,
+    "clip": check_clip_norm_types,
+    "equivalence": check_equivalence,
+    "world-size": check_world_size,
+    "accumulation": check_accumulation,
+    "replicas": check_replicas,
+}

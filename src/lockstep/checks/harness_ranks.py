@@ -23,7 +23,8 @@ def run_ranks(
     fn, args: tuple, nproc: int, device: str, max_restarts: int = 0, deterministic: bool = True
 ) -> Any:
     """Run `fn(*args)` on `nproc` local ranks; rank 0's return value, or a LockstepError."""
-    # Pinned before NCCL and cuBLAS start (field notes: torchtitan).
+    # Pinned before NCCL and cuBLAS start: NCCL's algorithm choice and cuBLAS's workspace
+    # are otherwise free to change the reduction order between runs (torchtitan pins both).
     if device != "cpu" and deterministic:
         os.environ.setdefault("NCCL_ALGO", "Ring")
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -78,11 +79,8 @@ def rank_checks(names: list[str], config: dict, workdir: str, options: dict) -> 
                 continue
             if name == "resume-compare":
                 results.append(harness.resume_compare(cfg, out, options["half"]))
-            elif name == "clip":
-                results.append(harness.check_clip_norm_types(cfg, out))
             else:
-                check = getattr(harness, f"check_{name.replace('-', '_')}")
-                results.append(check(cfg, out))
+                results.append(harness.RANK_CHECKS[name](cfg, out))
         return results
 
     return _in_group(cfg.resolved_device(), body)

@@ -26,9 +26,9 @@ import shlex
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from lockstep.checks.result import CheckResult, tolerance
 from lockstep.checks.trajectory import Divergence, by_step, first_divergence, read_metrics
 from lockstep.errors import RankTimeout, UsageError
 from lockstep.local_ranks import (
@@ -42,32 +42,6 @@ from lockstep.local_ranks import (
 PLACEHOLDERS = ("metrics", "max_steps", "checkpoint_dir", "resume")
 LAUNCHERS = ("torchrun", "deepspeed")
 REPLICA_QUANTITIES = ("loss", "grad_norm", "param_digest", "buffer_digest")
-
-
-@dataclass
-class CheckResult:
-    """What a check found; `passed` decides the exit code (0 or 1)."""
-
-    name: str
-    passed: bool
-    summary: str
-    divergence: Divergence | None = None
-    diagnosis: str | None = None
-    logs: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    rank: int | None = None  # replicas: the rank whose replica departed
-
-    def to_dict(self) -> dict:
-        return {
-            "check": self.name,
-            "passed": self.passed,
-            "summary": self.summary,
-            "divergence": self.divergence.to_dict() if self.divergence else None,
-            "diagnosis": self.diagnosis,
-            "rank": self.rank,
-            "notes": self.notes,
-            "logs": self.logs,
-        }
 
 
 class ScriptRunner:
@@ -273,7 +247,7 @@ def check_determinism(
         return CheckResult(
             "determinism",
             True,
-            f"two runs of {steps} steps on {nproc} ranks agree {_tol(rtol, atol)}",
+            f"two runs of {steps} steps on {nproc} ranks agree {tolerance(rtol, atol)}",
             logs=runner.logs,
             notes=runner.take_notes(),
         )
@@ -361,7 +335,7 @@ def check_resume(
         return CheckResult(
             "resume",
             True,
-            f"steps {first}..{total} after {where} match a straight run {_tol(rtol, atol)}",
+            f"steps {first}..{total} after {where} match a straight run {tolerance(rtol, atol)}",
             logs=runner.logs,
             notes=runner.take_notes(),
         )
@@ -413,7 +387,7 @@ def check_world_size(
     return CheckResult(
         "world-size",
         True,
-        f"{steps} steps agree on {', '.join(map(str, sizes))} ranks {_tol(rtol, atol)}",
+        f"{steps} steps agree on {', '.join(map(str, sizes))} ranks {tolerance(rtol, atol)}",
         logs=runner.logs,
         notes=runner.take_notes(),
     )
@@ -514,7 +488,3 @@ def _require_steps(records: list[dict], steps: int, name: str) -> None:
             f"run '{name}' logged steps {logged[:3]}..{logged[-3:]}, expected 1..{steps}: "
             "the script must log every optimizer step and stop at LOCKSTEP_MAX_STEPS"
         )
-
-
-def _tol(rtol: float, atol: float) -> str:
-    return "bitwise" if rtol == atol == 0 else f"within rtol={rtol:g}, atol={atol:g}"
