@@ -169,3 +169,30 @@ def log(step: int, *, model=None, **metrics) -> None:
             step=record["step"],
             commit=True,
         )
+
+
+def read(path: str | Path, missing: str = "") -> list[dict]:
+    """Every JSON object of a metrics JSONL, in order: the one reader of what `log` (and
+    `lockstep train`) writes. A missing or unreadable file, a corrupt line or a line that is no
+    object is bad input, named with its line; `missing` says what should have written it."""
+    from lockstep.errors import UsageError
+
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"no metrics at {path}" + (f": {missing}" if missing else ""))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"cannot read metrics {path}: {err}") from None
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise UsageError(f"{path}:{number}: not a JSON object ({err.msg})") from None
+        if not isinstance(record, dict):
+            raise UsageError(f"{path}:{number}: not a JSON object")
+        records.append(record)
+    return records

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lockstep.cli import main
-from lockstep.train.metrics import read_metrics
+from lockstep.track import read as read_metrics
 from teardown_abort import rerun_once_on_abort
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ def test_engine_trains_and_resumes_exactly(engine_runs, engine):
 
 
 def test_engines_agree_with_each_other(engine_runs):
-    """Field notes: on CPU/gloo the engines match to printed precision; hold them to 1e-5."""
+    """On CPU/gloo in fp32 the engines agree to printed precision; hold them to 1e-5."""
     reference = engine_runs("ddp")[0]["steps"]
     for engine in ENGINES[1:]:
         for mine, ref in zip(engine_runs(engine)[0]["steps"], reference, strict=True):

@@ -7,11 +7,11 @@ bitwise on CPU) and reports the first step where a metric differs, with both val
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from lockstep import track
 from lockstep.errors import UsageError
 
 DEFAULT_METRICS = ("loss", "grad_norm", "lr")
@@ -40,20 +40,13 @@ class Divergence:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """Read a metrics JSONL file; a missing or corrupt file is bad input, named."""
-    if not path.is_file():
-        raise UsageError(f"no metrics at {path}: the script must write LOCKSTEP_METRICS on rank 0")
-    records = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"{path}:{lineno}: not a JSON object ({exc.msg})") from None
-        if not isinstance(record, dict) or "step" not in record:
-            raise UsageError(f"{path}:{lineno}: each line needs at least 'step' and 'loss'")
-        records.append(record)
+    """A script's metrics (`track.read`); every line must name its step."""
+    records = track.read(path, missing="the script must write LOCKSTEP_METRICS on rank 0")
+    for number, record in enumerate(records, 1):
+        if "step" not in record:
+            raise UsageError(
+                f"{path}: record {number} has no 'step'; each line needs 'step' and 'loss'"
+            )
     return records
 
 

@@ -9,11 +9,11 @@ to the run-level performance figures the speed and memory gates compare.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lockstep import track
 from lockstep.errors import UsageError
 
 # Per-step fields that are not training curves: timing and memory are gated as run-level
@@ -87,20 +87,7 @@ def _derive_step_times(rows: list[dict]) -> None:
 
 def read_rows(path: str | Path) -> list[dict]:
     """The rows of a metrics JSONL; a missing file or a corrupt line is bad input, named."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise UsageError(f"cannot read metrics {path}: {err.strerror}") from None
-    records = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise UsageError(f"{path}:{number}: not a JSON object ({err.msg})") from None
-    rows = rows_from_records(records, str(path))
+    rows = rows_from_records(track.read(path), str(path))
     if not rows:
         raise UsageError(f"{path} holds no step rows; each line needs at least a 'step'")
     return rows

@@ -37,8 +37,6 @@ from typing import Any
 
 import torch
 
-SCHEMA = "lockstep.train.metrics/1"
-
 
 @dataclass
 class StepMetrics:
@@ -175,8 +173,3 @@ class NullSink:
 
     def close(self) -> None:
         pass
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a metrics.jsonl, in order."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
