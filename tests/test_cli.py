@@ -22,7 +22,9 @@ def test_version():
 def test_help_lists_subcommands():
     out = run_cli("--help")
     assert out.returncode == 0
-    assert "COMMAND" in out.stdout
+    listed = {line.split()[0] for line in out.stdout.splitlines() if line.startswith("    ")}
+    commands = {"fingerprint", "diff", "preflight", "train", "ds-config", "check", "gate"}
+    assert commands <= listed, f"missing from --help: {sorted(commands - listed)}"
 
 
 def test_unknown_subcommand_is_one_line_exit_2():
