@@ -1,9 +1,10 @@
 """Which launcher started this process, and this rank's place in the job: the one reader of
 launcher variables, for `preflight`, `train` and `check` alike.
 
-Every launcher names rank, world size and local rank differently (see the field notes); this
-module reads them once into a `RankInfo`. Half-set or contradictory variables raise
-`UsageError` naming the variables, because a rank that guesses its place hangs the others.
+Every launcher names rank, world size and local rank differently (RANK, OMPI_COMM_WORLD_RANK,
+SLURM_PROCID, PMI_RANK, MV2_COMM_WORLD_RANK...); this module reads them once into a
+`RankInfo`. Half-set or contradictory variables raise `UsageError` naming the variables, because
+a rank that guesses its place hangs the others.
 Launchers that export no rendezvous address (srun, mpirun, PMI, MVAPICH) take MASTER_ADDR and
 MASTER_PORT from the environment; under Slurm they default to the first host of the step's
 node list and a port derived from the job id, so every rank computes the same pair.

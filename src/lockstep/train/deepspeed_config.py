@@ -1,6 +1,6 @@
-"""DeepSpeed configs: generated from the run config in the seeds' ZeRO shapes, and checked.
+"""DeepSpeed configs: generated from the run config in the usual ZeRO shapes, and checked.
 
-`generate` writes the ZeRO-2/ZeRO-3 blocks the seed documents use (bucket sizes, stage-3
+`generate` writes the ZeRO-2/ZeRO-3 blocks of DeepSpeed's documented examples (bucket sizes, stage-3
 prefetch and persistence thresholds, CPU offload, fp16 loss scaling) with every "auto"
 resolved the way the transformers integration resolves it. `problems` is the validator behind
 `lockstep ds-config FILE --world-size N`: one line per problem, found before any launch.
@@ -77,7 +77,7 @@ def generate(cfg: RunConfig, world_size: int, device: str, model=None) -> dict[s
     on_gpu = device == "cuda"
     zero: dict[str, Any] = {"stage": stage, "overlap_comm": on_gpu, "contiguous_gradients": True}
     if stage < 3:
-        # The seeds' 2e8-element buckets suit GPUs; on CPU DeepSpeed allocates the bucket on
+        # The usual 2e8-element buckets suit GPUs; on CPU DeepSpeed allocates the bucket on
         # every micro step (0.5 s for 800 MB), so size it to the model there.
         bucket = 2e8 if on_gpu or model is None else min(2e8, _numel(model))
         zero |= {
