@@ -143,18 +143,23 @@ def test_refresh_shows_what_moves_and_keeps_the_old_file_on_failure(
     assert json.loads(target.read_text())["repeats"] == 1
 
 
-def test_the_gloo_abort_at_exit_is_a_note_and_an_abort_mid_run_fails(recorded, capsys, monkeypatch):
+def test_the_gloo_abort_at_exit_is_a_note_and_an_abort_mid_run_fails(tmp_path, capsys, monkeypatch):
     """libstdc++'s std::terminate after a complete run (gloo's abort at interpreter exit) counts
-    as finished, with a note; the same abort while steps remain fails the job."""
-    folder, _ = recorded
+    as finished, with a note; the same abort while steps remain fails the job. One rank, 3 steps,
+    one repeat: the judgement does not depend on the world size."""
+    job = ["--script", COMMAND, "--nproc", 1, "--steps", 3, "--repeats", 1]
     monkeypatch.setenv("GATE_PLANT", "abort-exit")
-    assert gate("check", "demo", *JOB, "--dir", folder) == 0
+    assert gate("record", "abort", *job, "--dir", tmp_path / "exit") == 0
     err = capsys.readouterr().err
-    assert "died of SIGABRT at interpreter exit" in err and "all 6 steps" in err
+    assert "died of SIGABRT at interpreter exit" in err and "all 3 steps" in err
+    assert list((tmp_path / "exit" / "abort").glob("*.json"))
 
     monkeypatch.setenv("GATE_PLANT", "abort-mid")
-    assert gate("check", "demo", *JOB, "--dir", folder) == 1
+    assert gate("record", "abort", *job, "--dir", tmp_path / "mid") == 1
     assert "the job exited" in capsys.readouterr().err
+    assert not (tmp_path / "mid" / "abort").exists() or not any(
+        (tmp_path / "mid" / "abort").iterdir()
+    )
 
 
 AB_SCRIPT = """
