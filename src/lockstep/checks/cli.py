@@ -118,8 +118,8 @@ def _report(result) -> None:
 
 def _harness_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) -> list:
     """Each check in its own launch (resume: two), the single-launch checks of `all` in one."""
-    from lockstep.checks import harness
-    from lockstep.checks.harness_ranks import rank_checks, rank_elastic, run_ranks
+    from lockstep.checks import elastic, harness
+    from lockstep.checks.harness_ranks import rank_checks, run_ranks
     from lockstep.train.config import load_config
 
     overrides = list(args.overrides) + ([f"steps={args.steps}"] if args.steps else [])
@@ -166,12 +166,11 @@ def _harness_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) -
             found = [r for n in sizes for r in ranks(["world-size"], n, fixed_config)]
             results.append(harness.combine("world-size", found))
         elif launch == "elastic":
-            kill_at = max(1, cfg.steps // 2)
-            outcome = run_ranks(
-                rank_elastic, (config, str(workdir / "elastic"), kill_at), nproc, device,
-                max_restarts=1, deterministic=cfg.deterministic,
-            )  # fmt: skip
-            results.append(harness.judge_elastic(outcome, kill_at))
+            results.append(
+                elastic.run(
+                    config, workdir / "elastic", nproc, device, cfg.steps, cfg.deterministic
+                )
+            )
             _report(results[-1])
         else:
             results += ranks([name])

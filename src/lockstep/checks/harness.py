@@ -452,39 +452,6 @@ def check_clip_norm_types(cfg: RunConfig, workdir: Path) -> CheckResult:
     )
 
 
-def judge_elastic(outcome: dict, kill_at: int) -> CheckResult:
-    """The restarted job against the uninterrupted run: same steps after the resume, same
-    final parameters (bitwise on CPU)."""
-    ref = outcome["reference"]
-    if outcome["attempt"] != 1 or outcome["start_step"] != kill_at:
-        return CheckResult(
-            "elastic",
-            False,
-            f"after the kill the job ran attempt {outcome['attempt']} from step "
-            f"{outcome['start_step']}, expected attempt 1 resuming at step {kill_at}",
-            diagnosis="the restart did not resume from the latest checkpoint",
-        )
-    last = ref["steps"][-1]["step"]
-    div = first_divergence(ref["steps"], outcome["steps"], steps=range(kill_at + 1, last + 1))
-    if div is not None:
-        return CheckResult(
-            "elastic",
-            False,
-            f"the restarted job diverges at {div.describe('uninterrupted', 'restarted')}",
-            divergence=div,
-            diagnosis="state lost across the restart: parameters, optimizer, LR schedule, RNG "
-            "or data position (run `lockstep check resume` to see which)",
-        )
-    if outcome["digest"] != ref["digest"]:
-        return CheckResult("elastic", False, "metrics match but the final parameter digests differ")
-    return CheckResult(
-        "elastic",
-        True,
-        f"rank 1 SIGKILLed after step {kill_at}; the restarted job resumed at step {kill_at} and "
-        f"steps {kill_at + 1}..{last} and the final parameters equal an uninterrupted run",
-    )
-
-
 # -------------------------------------------------------------------------------- replicas
 
 

@@ -3,20 +3,16 @@ start them on this machine (`lockstep.local_ranks.run_local`) and collect rank 0
 
 One launch runs the several trainings of a check one after another in the same processes,
 so a check pays the process start (several seconds with DeepSpeed) once, not per training.
-The elastic check's ranks kill one of themselves and resume after a restart.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 from pathlib import Path
 from typing import Any
 
 from lockstep.errors import LockstepError
 from lockstep.local_ranks import run_local
-
-ELASTIC_STATE = "elastic-reference.pt"
 
 
 def run_ranks(
@@ -31,7 +27,7 @@ def run_ranks(
     return run_local(fn, args, nproc, "check", device, max_restarts=max_restarts)
 
 
-def _in_group(device: str, body, attempt: int | None = None):
+def in_group(device: str, body, attempt: int | None = None):
     """Run `body()` inside a process group this rank creates and destroys (DeepSpeed keeps
     the group it first saw, so all trainings of a launch must share one).
 
@@ -83,59 +79,4 @@ def rank_checks(names: list[str], config: dict, workdir: str, options: dict) -> 
                 results.append(harness.RANK_CHECKS[name](cfg, out))
         return results
 
-    return _in_group(cfg.resolved_device(), body)
-
-
-def rank_elastic(config: dict, workdir: str, kill_at: int) -> dict | LockstepError:
-    """One rank of the elastic check, under a launch with one restart allowed.
-
-    First attempt: an uninterrupted reference run, then the checkpointed run, during which
-    rank 1 kills itself with SIGKILL after step `kill_at`. The agent restarts every rank;
-    the second attempt resumes from the latest checkpoint and trains to the end.
-    """
-    import torch
-
-    from lockstep.checks import harness
-    from lockstep.checks.state import rows
-    from lockstep.train.config import from_dict
-    from lockstep.train.trainer import Trainer, run_training
-
-    cfg = from_dict(config)
-    out = Path(workdir)
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-
-    def body():
-        if attempt == 0:
-            plain = harness.derive(cfg, checkpoint__at_end=False, checkpoint__every=0,
-                                   checkpoint__resume="never")  # fmt: skip
-            reference = run_training(plain, out / "uninterrupted")
-            if int(os.environ["RANK"]) == 0:
-                torch.save(
-                    {"steps": rows(reference.steps), "digest": reference.param_digest},
-                    out / ELASTIC_STATE,
-                )
-        job = harness.derive(
-            cfg,
-            checkpoint__every=1,
-            checkpoint__resume="auto",
-            checkpoint__dir=str(out / "elastic" / "checkpoints"),
-        )
-        trainer = Trainer(job, out / "elastic")
-        try:
-            start = trainer.step
-            if attempt == 0:
-                trainer.train(stop_at=kill_at)
-                if int(os.environ["RANK"]) == 1:
-                    os.kill(os.getpid(), signal.SIGKILL)
-            result = trainer.train()
-        finally:
-            trainer.close()
-        return {
-            "attempt": attempt,
-            "start_step": start,
-            "steps": rows(result.steps),
-            "digest": result.param_digest,
-            "reference": torch.load(out / ELASTIC_STATE, weights_only=False),
-        }
-
-    return _in_group(cfg.resolved_device(), body, attempt)
+    return in_group(cfg.resolved_device(), body)

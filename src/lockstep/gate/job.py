@@ -23,6 +23,7 @@ from lockstep.local_ranks import (
     ABORT_SIGNATURE,
     aborted_at_exit,
     last_error_line,
+    rank_environment,
     run_launcher,
     torchrun_command,
 )
@@ -134,7 +135,7 @@ class Job:
         metrics = workdir / "metrics.jsonl"
         metrics.unlink(missing_ok=True)
         env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.nproc)))
+        rank_environment(None, self.nproc, env)  # a share of the cores per rank
         env.setdefault("PYTHONFAULTHANDLER", "1")
         if tree is not None:
             paths = [str(p) for p in (tree / "src", cwd) if p is not None and p.is_dir()]

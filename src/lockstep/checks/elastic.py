@@ -1,0 +1,116 @@
+"""The elastic check: a launch with one restart allowed, in which rank 1 kills itself with
+SIGKILL mid-run; torchelastic's agent restarts every rank, the job resumes from its latest
+checkpoint, and the result must equal an uninterrupted run. Everything of it is here: the rank
+side (`rank_elastic`), the launch (`run`) and the verdict (`judge_elastic`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from lockstep.checks.harness_ranks import in_group, run_ranks
+from lockstep.checks.result import CheckResult
+from lockstep.checks.trajectory import first_divergence
+from lockstep.errors import LockstepError
+
+ELASTIC_STATE = "elastic-reference.pt"
+
+
+def run(config: dict, workdir: Path, nproc: int, device: str, steps: int, deterministic: bool):
+    """Launch the check on `nproc` local ranks (rank 1 dies after half the steps); judged."""
+    kill_at = max(1, steps // 2)
+    outcome = run_ranks(
+        rank_elastic, (config, str(workdir), kill_at), nproc, device,
+        max_restarts=1, deterministic=deterministic,
+    )  # fmt: skip
+    return judge_elastic(outcome, kill_at)
+
+
+def rank_elastic(config: dict, workdir: str, kill_at: int) -> dict | LockstepError:
+    """One rank of the elastic check, under a launch with one restart allowed.
+
+    First attempt: an uninterrupted reference run, then the checkpointed run, during which
+    rank 1 kills itself with SIGKILL after step `kill_at`. The agent restarts every rank;
+    the second attempt resumes from the latest checkpoint and trains to the end.
+    """
+    import torch
+
+    from lockstep.checks import harness
+    from lockstep.checks.state import rows
+    from lockstep.train.config import from_dict
+    from lockstep.train.trainer import Trainer, run_training
+
+    cfg = from_dict(config)
+    out = Path(workdir)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+    def body():
+        if attempt == 0:
+            plain = harness.derive(cfg, checkpoint__at_end=False, checkpoint__every=0,
+                                   checkpoint__resume="never")  # fmt: skip
+            reference = run_training(plain, out / "uninterrupted")
+            if int(os.environ["RANK"]) == 0:
+                torch.save(
+                    {"steps": rows(reference.steps), "digest": reference.param_digest},
+                    out / ELASTIC_STATE,
+                )
+        job = harness.derive(
+            cfg,
+            checkpoint__every=1,
+            checkpoint__resume="auto",
+            checkpoint__dir=str(out / "elastic" / "checkpoints"),
+        )
+        trainer = Trainer(job, out / "elastic")
+        try:
+            start = trainer.step
+            if attempt == 0:
+                trainer.train(stop_at=kill_at)
+                if int(os.environ["RANK"]) == 1:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            result = trainer.train()
+        finally:
+            trainer.close()
+        return {
+            "attempt": attempt,
+            "start_step": start,
+            "steps": rows(result.steps),
+            "digest": result.param_digest,
+            "reference": torch.load(out / ELASTIC_STATE, weights_only=False),
+        }
+
+    return in_group(cfg.resolved_device(), body, attempt)
+
+
+def judge_elastic(outcome: dict, kill_at: int) -> CheckResult:
+    """The restarted job against the uninterrupted run: same steps after the resume, same
+    final parameters (bitwise on CPU)."""
+    ref = outcome["reference"]
+    if outcome["attempt"] != 1 or outcome["start_step"] != kill_at:
+        return CheckResult(
+            "elastic",
+            False,
+            f"after the kill the job ran attempt {outcome['attempt']} from step "
+            f"{outcome['start_step']}, expected attempt 1 resuming at step {kill_at}",
+            diagnosis="the restart did not resume from the latest checkpoint",
+        )
+    last = ref["steps"][-1]["step"]
+    div = first_divergence(ref["steps"], outcome["steps"], steps=range(kill_at + 1, last + 1))
+    if div is not None:
+        return CheckResult(
+            "elastic",
+            False,
+            f"the restarted job diverges at {div.describe('uninterrupted', 'restarted')}",
+            divergence=div,
+            diagnosis="state lost across the restart: parameters, optimizer, LR schedule, RNG "
+            "or data position (run `lockstep check resume` to see which)",
+        )
+    if outcome["digest"] != ref["digest"]:
+        return CheckResult("elastic", False, "metrics match but the final parameter digests differ")
+    return CheckResult(
+        "elastic",
+        True,
+        f"rank 1 SIGKILLed after step {kill_at}; the restarted job resumed at step {kill_at} and "
+        f"steps {kill_at + 1}..{last} and the final parameters equal an uninterrupted run",
+    )
