@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build /opt/lockstep/venv from one hashed lock, then install lockstep itself from source.
-# Usage (inside the image build): install-lock.sh LOCK_FILE SOURCE_DIR
+# Build /opt/lockstep/venv from one hashed lock; then, in a later layer, install lockstep itself
+# from source into it, so a change to the code does not rebuild the locked venv.
+# Usage (inside the image build): install-lock.sh LOCK_FILE, then install-lock.sh --source DIR
 #
 # Every third-party file is checked against the lock's hashes (--require-hashes), so nothing
 # unlocked can slip in. pip, setuptools and wheel are in the lock too (pip-compile
@@ -10,11 +11,18 @@
 # build arguments point it at a wheelhouse; the hashes are checked all the same.
 set -euo pipefail
 
-lock=$1
-src=$2
 venv=/opt/lockstep/venv
 pip=("$venv/bin/pip" install --no-cache-dir --disable-pip-version-check)
 
+if [[ $1 == --source ]]; then
+	src=$2
+	"${pip[@]}" --no-deps --no-build-isolation "$src"
+	"$venv/bin/pip" check
+	rm -rf "$src"
+	exit 0
+fi
+
+lock=$1
 python3 -m venv "$venv"
 # One pinned block of the lock: its `name==` line and the indented hash and via lines under it.
 block() { awk -v want="$1" '/^[^ #]/ { keep = ($0 ~ want) } keep' "$lock"; }
@@ -26,6 +34,5 @@ awk '/^[^ #]/ { keep = !/^deepspeed==/ } keep' "$lock" >/tmp/without-sdist.txt
 # DeepSpeed last, against the torch now installed, so the DS_BUILD_* switches the stage sets
 # (the CPU image: its shared-memory op) compile ops into the wheel instead of at job start.
 "${pip[@]}" --require-hashes --no-deps --no-build-isolation -r /tmp/sdist.txt
-"${pip[@]}" --no-deps --no-build-isolation "$src"
 "$venv/bin/pip" check
-rm -rf /tmp/build-tools.txt /tmp/sdist.txt /tmp/without-sdist.txt "$src"
+rm -rf /tmp/build-tools.txt /tmp/sdist.txt /tmp/without-sdist.txt

@@ -109,9 +109,14 @@ def test_image_installs_its_lock_byte_for_byte_with_hashes(variant):
     lock_in_image = f"/etc/lockstep/requirements/{variant}.txt"
     assert ("COPY", f"requirements/{variant}.txt {lock_in_image}") in build
     runs = [rest for instruction, rest in build if instruction == "RUN"]
-    assert any(f"/opt/lockstep/build/install-lock.sh {lock_in_image} " in run for run in runs), (
-        "the build stage must install the copied lock"
-    )
+    assert any(
+        run.startswith(f"/opt/lockstep/build/install-lock.sh {lock_in_image}") for run in runs
+    ), "the build stage must install the copied lock"
+    # lockstep's own source comes after the locked venv, so a code change keeps that layer
+    source = [i for i, (ins, rest) in enumerate(build) if ins == "COPY" and rest.startswith("src/")]
+    lock_run = [i for i, (ins, rest) in enumerate(build) if ins == "RUN" and lock_in_image in rest]
+    assert source and lock_run and lock_run[0] < source[0]
+    assert runs[-1] == "/opt/lockstep/build/install-lock.sh --source /tmp/lockstep-src"
     # The final image carries that same file (from the build stage) and nothing else installs.
     manifest = stages()[f"{variant}-manifest"]
     assert ("COPY", f"--from={variant}-build {lock_in_image} {lock_in_image}") in manifest
@@ -120,6 +125,7 @@ def test_image_installs_its_lock_byte_for_byte_with_hashes(variant):
     for part in ("build-tools", "without-sdist", "sdist"):
         assert "--require-hashes" in installer and f"-r /tmp/{part}.txt" in installer
     assert '"${pip[@]}" --no-deps --no-build-isolation "$src"' in installer
+    assert installer.count('"$venv/bin/pip" check') == 2  # after the lock, after the source
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
