@@ -23,10 +23,13 @@ T = TypeVar("T")
 
 def rerun_once_on_abort(launch: Callable[[], T], logs: Callable[[T], str]) -> T:
     result = launch()
-    if SIGNATURE in logs(result):
+    text = logs(result)
+    if SIGNATURE in text:
+        # the rerun removes the first launch's files: keep the lines around the abort here
+        at = text.index(SIGNATURE)
         warnings.warn(
             f"a rank died of SIGABRT ({SIGNATURE!r}, the known gloo abort): rerunning the "
-            "launch once",
+            f"launch once; its output around the abort:\n{text[max(0, at - 3000) : at + 3000]}",
             stacklevel=2,
         )
         result = launch()
