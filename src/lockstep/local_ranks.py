@@ -6,12 +6,19 @@ Through torchrun's launcher API: a function on each rank (`run_local`: `train --
 command for a user's script or a job whose code comes from elsewhere (`check --script`,
 `gate`): `torchrun_command` and `run_launcher`. `rank_environment` sets what ranks need before
 torch and DeepSpeed start. Which launcher started *this* process is `lockstep.env.launcher`.
+
+On CPU, `run_local`'s ranks are forked from a forkserver that imported torch, transformers and
+DeepSpeed once (its preload), instead of each spawned rank importing them again (2-6 s of CPU
+each): the forkserver is a single-threaded process that ran no torch op, so its children start
+clean (a fork of a process whose OpenMP pool ran hangs in the child). On GPUs they are spawned,
+so no parent ever touches CUDA before a rank.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
 import os
 import re
 import signal
@@ -103,12 +110,47 @@ def scrubbed_logs(logger: str = "torch.distributed.elastic"):
             handler.removeFilter(scrub)
 
 
-def run_local(fn, args: tuple, nproc: int, name: str, device: str, **overrides):
-    """Run `fn(*args)` on `nproc` spawned local ranks for `device`; rank 0's return value.
+# The environment the forkserver of this process started with (None: not started by us).
+_forkserver_environ: dict[str, str] | None = None
 
-    A rank may return a LockstepError instead of raising it: the first such one, in rank order,
-    is raised here. A rank that fails (an exception, a signal) ends in one LockstepError naming
-    it; its traceback was already printed by torchelastic's error handler.
+
+def _forkserver(preload: list[str]) -> dict[str, str]:
+    """Start this process's forkserver with `preload` imported (once; later calls reuse it,
+    whatever they preload); the environment it started with."""
+    global _forkserver_environ
+    if _forkserver_environ is None:
+        from multiprocessing import forkserver
+
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(preload)
+        _forkserver_environ = dict(os.environ)
+        forkserver.ensure_running()
+    return _forkserver_environ
+
+
+def _in_environ(server: dict[str, str], parent: dict[str, str], fn, *args):
+    """On a forked rank: the launching process's environment of now, not the forkserver's of
+    when it started, keeping what torchelastic set for this rank; then `fn(*args)`."""
+    ours = {k for k, v in os.environ.items() if server.get(k) != v}  # torchelastic's
+    for key in set(os.environ) - set(parent) - ours:
+        del os.environ[key]
+    os.environ.update({k: v for k, v in parent.items() if k not in ours})
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:  # OpenMP read it at import, in the forkserver
+        import torch
+
+        torch.set_num_threads(int(threads))
+    return fn(*args)
+
+
+def run_local(fn, args: tuple, nproc: int, name: str, device: str, preload=(), **overrides):
+    """Run `fn(*args)` on `nproc` local ranks for `device`; rank 0's return value.
+
+    On CPU the ranks fork from a forkserver that imported `preload` (module names) once; on
+    GPUs they are spawned. A rank may return a LockstepError instead of raising it: the first
+    such one, in rank order, is raised here. A rank that fails (an exception, a signal) ends in
+    one LockstepError naming it; its traceback was already printed by torchelastic's error
+    handler.
     """
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
@@ -116,10 +158,16 @@ def run_local(fn, args: tuple, nproc: int, name: str, device: str, **overrides):
     from lockstep.errors import EXIT_FAIL, LockstepError
 
     rank_environment(device, nproc)
-    config = standalone_config(nproc, name, start_method="spawn", **overrides)
+    if device == "cpu":
+        server = _forkserver(["torch", "torch.distributed", __name__, *preload])
+        entry, args = _in_environ, (server, dict(os.environ), fn, *args)
+        config = standalone_config(nproc, name, start_method="forkserver", **overrides)
+    else:
+        entry = fn
+        config = standalone_config(nproc, name, start_method="spawn", **overrides)
     try:
         with scrubbed_logs():
-            results = elastic_launch(config, fn)(*args)
+            results = elastic_launch(config, entry)(*args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         raise LockstepError(

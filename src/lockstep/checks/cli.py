@@ -131,7 +131,7 @@ def _harness_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) -
         raise UsageError("--launcher applies to --script; a CONFIG's ranks start in-process")
     if args.name in ("elastic", "all") and args.nproc < 2:
         raise UsageError("the elastic check kills rank 1: run it with --nproc 2 or more")
-    device, nproc = cfg.resolved_device(), args.nproc
+    nproc = args.nproc
     config = cfg.model_dump(mode="json")
     # Checks across world sizes keep the global batch of --nproc ranks.
     _, _, global_size = cfg.batch_shape(nproc)
@@ -139,10 +139,7 @@ def _harness_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) -
     fixed_config = fixed.model_dump(mode="json")
 
     def ranks(names, n=nproc, config=config, **options):
-        found = run_ranks(
-            rank_checks, (names, config, str(workdir), options), n, device,
-            deterministic=cfg.deterministic,
-        )  # fmt: skip
+        found = run_ranks(rank_checks, (names, config, str(workdir), options), n, cfg)
         for result in found:
             _report(result)
         return found
@@ -166,11 +163,7 @@ def _harness_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) -
             found = [r for n in sizes for r in ranks(["world-size"], n, fixed_config)]
             results.append(harness.combine("world-size", found))
         elif launch == "elastic":
-            results.append(
-                elastic.run(
-                    config, workdir / "elastic", nproc, device, cfg.steps, cfg.deterministic
-                )
-            )
+            results.append(elastic.run(cfg, workdir / "elastic", nproc))
             _report(results[-1])
         else:
             results += ranks([name])

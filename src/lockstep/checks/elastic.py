@@ -18,13 +18,12 @@ from lockstep.errors import LockstepError
 ELASTIC_STATE = "elastic-reference.pt"
 
 
-def run(config: dict, workdir: Path, nproc: int, device: str, steps: int, deterministic: bool):
-    """Launch the check on `nproc` local ranks (rank 1 dies after half the steps); judged."""
-    kill_at = max(1, steps // 2)
-    outcome = run_ranks(
-        rank_elastic, (config, str(workdir), kill_at), nproc, device,
-        max_restarts=1, deterministic=deterministic,
-    )  # fmt: skip
+def run(cfg, workdir: Path, nproc: int):
+    """Launch the check of run `cfg` on `nproc` local ranks (rank 1 dies after half the
+    steps); judged."""
+    kill_at = max(1, cfg.steps // 2)
+    config = cfg.model_dump(mode="json")
+    outcome = run_ranks(rank_elastic, (config, str(workdir), kill_at), nproc, cfg, max_restarts=1)
     return judge_elastic(outcome, kill_at)
 
 

@@ -15,16 +15,19 @@ from lockstep.errors import LockstepError
 from lockstep.local_ranks import run_local
 
 
-def run_ranks(
-    fn, args: tuple, nproc: int, device: str, max_restarts: int = 0, deterministic: bool = True
-) -> Any:
-    """Run `fn(*args)` on `nproc` local ranks; rank 0's return value, or a LockstepError."""
+def run_ranks(fn, args: tuple, nproc: int, cfg, max_restarts: int = 0) -> Any:
+    """Run `fn(*args)` on `nproc` local ranks of the run `cfg`; rank 0's return value, or a
+    LockstepError."""
+    from lockstep.train.trainer import rank_modules
+
+    device = cfg.resolved_device()
     # Pinned before NCCL and cuBLAS start: NCCL's algorithm choice and cuBLAS's workspace
     # are otherwise free to change the reduction order between runs (torchtitan pins both).
-    if device != "cpu" and deterministic:
+    if device != "cpu" and cfg.deterministic:
         os.environ.setdefault("NCCL_ALGO", "Ring")
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    return run_local(fn, args, nproc, "check", device, max_restarts=max_restarts)
+    preload = [fn.__module__, "lockstep.checks.harness", *rank_modules(cfg)]
+    return run_local(fn, args, nproc, "check", device, preload, max_restarts=max_restarts)
 
 
 def in_group(device: str, body, attempt: int | None = None):

@@ -72,9 +72,11 @@ def _start_local_ranks(cfg, nproc: int, out_dir: Path) -> str:
     """Start `nproc` ranks on this machine, wait for them; rank 0's summary, or the first
     failing rank's as a LockstepError."""
     from lockstep.local_ranks import run_local
+    from lockstep.train.trainer import rank_modules
 
     config = cfg.model_dump(mode="json")
-    return run_local(rank_main, (config, str(out_dir)), nproc, "train", cfg.resolved_device())
+    return run_local(rank_main, (config, str(out_dir)), nproc, "train", cfg.resolved_device(),
+                     preload=[__name__, *rank_modules(cfg)])  # fmt: skip
 
 
 def rank_main(config: dict, out_dir: str):

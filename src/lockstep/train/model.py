@@ -69,6 +69,16 @@ def build_model(cfg: ModelConfig, seed: int) -> nn.Module:
     return AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager")
 
 
+def model_modules(cfg: ModelConfig) -> list[str]:
+    """The transformers modules a preset's model is built from (none for a user's factory),
+    for a launcher to import once ahead of its ranks."""
+    if cfg.factory:
+        return []
+    model_type = PRESETS[cfg.preset][0]
+    return ["transformers.models.auto.modeling_auto",
+            f"transformers.models.{model_type}.modeling_{model_type}"]  # fmt: skip
+
+
 def vocab_size(model: nn.Module) -> int:
     return model.get_input_embeddings().num_embeddings
 

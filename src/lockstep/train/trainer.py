@@ -30,10 +30,10 @@ from lockstep.redact import redact_mapping
 from lockstep.train import checkpoint
 from lockstep.train.config import RunConfig
 from lockstep.train.data import build_stream
-from lockstep.train.engines import Engine, build_engine
+from lockstep.train.engines import Engine, build_engine, engine_modules
 from lockstep.train.engines.base import Context
 from lockstep.train.metrics import MetricsSink, NullSink, StepMetrics, memory, memory_total
-from lockstep.train.model import build_model, vocab_size
+from lockstep.train.model import build_model, model_modules, vocab_size
 
 PG_TIMEOUT = timedelta(minutes=10)
 
@@ -266,6 +266,11 @@ class Trainer:
         self.engine.close()
         if self.owns_group:
             dist.destroy_process_group()
+
+
+def rank_modules(cfg: RunConfig) -> list[str]:
+    """What a rank of this run imports: `run_local` imports it once, ahead of the ranks."""
+    return [__name__, *engine_modules(cfg.engine.name), *model_modules(cfg.model)]
 
 
 def run_training(

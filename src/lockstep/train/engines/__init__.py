@@ -13,6 +13,14 @@ DEPRECATED_INTERNAL_CALLS = (
 )
 
 
+def engine_modules(name: str) -> list[str]:
+    """The modules engine `name` imports (its framework included), for a launcher to import
+    once ahead of its ranks."""
+    if name in ("ddp", "fsdp"):
+        return [f"lockstep.train.engines.{name}"]
+    return ["lockstep.train.engines.zero", "deepspeed"]
+
+
 def build_engine(name: str, model, cfg, ctx) -> Engine:
     """Wrap `model` for engine `name`; imports only that engine's framework."""
     warnings.filterwarnings("ignore", DEPRECATED_INTERNAL_CALLS, FutureWarning)
@@ -25,4 +33,4 @@ def build_engine(name: str, model, cfg, ctx) -> Engine:
     return cls(model, cfg, ctx)
 
 
-__all__ = ["Engine", "StepOutcome", "build_engine"]
+__all__ = ["Engine", "StepOutcome", "build_engine", "engine_modules"]
