@@ -1,11 +1,14 @@
-"""Start N ranks on this machine through torchrun, as `--standalone` does.
+"""Start N ranks on this machine through torchrun's launcher API, as `torchrun --standalone`
+does, in this process: a c10d rendezvous on the loopback with a port the OS picks, no restarts.
 
-Through torchrun's launcher API: a function on each rank (`run_local`: `train --nproc N`,
-`check NAME CONFIG`) or `python -m lockstep ...` on each rank (`run_local_cli`: `preflight
---nproc N`); a c10d rendezvous on the loopback with a port the OS picks, no restarts. As a
-command for a user's script or a job whose code comes from elsewhere (`check --script`,
-`gate`): `torchrun_command` and `run_launcher`. `rank_environment` sets what ranks need before
-torch and DeepSpeed start. Which launcher started *this* process is `lockstep.env.launcher`.
+- `run_local`: a function on each rank (`train --nproc N`, `check NAME CONFIG`);
+- `run_local_cli`: `python -m lockstep ...` on each rank (`preflight --nproc N`);
+- `run_command`: a user's script or a job whose code comes from elsewhere (`check --script`,
+  `gate`), every rank's output into one redacted log, with a timeout;
+- `run_launcher`: another launcher's command (the deepspeed launcher) in its own process group.
+
+`rank_environment` sets what ranks need before torch and DeepSpeed start. Which launcher
+started *this* process is `lockstep.env.launcher`.
 
 On CPU, `run_local`'s ranks are forked from a forkserver that imported torch, transformers and
 DeepSpeed once (its preload), instead of each spawned rank importing them again (2-6 s of CPU
@@ -199,13 +202,88 @@ def run_local_cli(nproc: int, argv: list[str]) -> int:
     return EXIT_OK
 
 
-def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
-    """torchrun (standalone, no restarts) starting `argv` on `nproc` local ranks: a `.py`
-    script or `-m module` under this interpreter, anything else as a program of its own."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(nproc), "--max-restarts", "0"]  # fmt: skip
-    python = argv[0].endswith(".py") or argv[0] == "-m"
-    return [*launcher, *argv] if python else [*launcher, "--no-python", *argv]
+def _program(argv: list[str]) -> tuple[str, list[str]]:
+    """torchrun's entrypoint for `argv`: a `.py` script or `-m module` under this interpreter
+    (unbuffered, as torchrun runs it), anything else as a program of its own."""
+    if argv[0].endswith(".py") or argv[0] == "-m":
+        return sys.executable, ["-u", *argv]
+    return argv[0], argv[1:]
+
+
+@contextlib.contextmanager
+def _job_process(env: dict, cwd: Path | None, log):
+    """While inside: this process has the job's environment and folder, and its stdout and
+    stderr go to `log` (so do the ranks' it starts, which inherit them); all restored after."""
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    sys.stdout.flush(), sys.stderr.flush()
+    saved_fds = os.dup(1), os.dup(2)
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        if cwd is not None:
+            os.chdir(cwd)
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+        for fd, saved in zip((1, 2), saved_fds, strict=True):
+            os.dup2(saved, fd)
+            os.close(saved)
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+def _killer():
+    """A function that SIGKILLs every process this one started from now on (the ranks and
+    whatever they start), leaving alone the ones it had already (a forkserver)."""
+    import psutil
+
+    me = psutil.Process()
+    before = {child.pid for child in me.children(recursive=True)}
+
+    def kill() -> None:
+        for child in me.children(recursive=True):
+            if child.pid not in before:
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
+
+    return kill
+
+
+def run_command(argv: list[str], nproc: int, log: Path, *, env: dict, timeout: float,
+                cwd: Path | None = None, watch=None) -> int | None:  # fmt: skip
+    """Run `argv` on `nproc` local ranks as `torchrun --standalone` would, through its launcher
+    API in this process (no launcher process importing torch again); every rank's output and
+    the launcher's into `log`, redacted. The exit code (0, or the first failed rank's), or None
+    when it ran past `timeout` and every rank was killed. `watch(pid)`, a context manager,
+    runs around the launch with this process's pid (gate's process monitor).
+    """
+    import threading
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    from lockstep.redact import scrubbed_log
+
+    program, args = _program(argv)
+    config = standalone_config(nproc, "script")
+    expired, kill = [], _killer()
+    timer = threading.Timer(timeout, lambda: (expired.append(True), kill()))
+    timer.daemon = True
+    watching = watch(os.getpid()) if watch else contextlib.nullcontext()
+    with scrubbed_log(log) as out, _job_process(env, cwd, out), scrubbed_logs(), watching:
+        timer.start()
+        try:
+            elastic_launch(config, program)(*args)
+            code = 0
+        except ChildFailedError as err:
+            print(err.format_msg(), file=sys.stderr, flush=True)  # as torchrun prints it
+            code = err.get_first_failure()[1].exitcode or 1
+        finally:
+            timer.cancel()
+    return None if expired else code
 
 
 def run_launcher(command: list[str], log: Path, *, env: dict, timeout: float,

@@ -35,8 +35,8 @@ from lockstep.local_ranks import (
     ABORT_SIGNATURE,
     aborted_at_exit,
     last_error_line,
+    run_command,
     run_launcher,
-    torchrun_command,
 )
 
 PLACEHOLDERS = ("metrics", "max_steps", "checkpoint_dir", "resume")
@@ -45,8 +45,8 @@ REPLICA_QUANTITIES = ("loss", "grad_norm", "param_digest", "buffer_digest")
 
 
 class ScriptRunner:
-    """Launches the script through torchrun (or the deepspeed launcher), one run per call,
-    each in its own folder."""
+    """Launches the script through torchrun's launcher API (or the deepspeed launcher), one
+    run per call, each in its own folder."""
 
     def __init__(
         self, command: str, workdir: Path, timeout: float = 600.0, launcher: str = "torchrun"
@@ -72,16 +72,16 @@ class ScriptRunner:
         print(f"note: {text}", flush=True)
         self.notes.append(text)
 
-    def _command(self, nproc: int, argv: list[str]) -> list[str]:
-        """The launcher command that starts `argv` on `nproc` local ranks."""
-        if self.launcher == "deepspeed":
-            if not argv[0].endswith(".py"):
-                raise UsageError(
-                    "--launcher deepspeed runs a Python script: --script 'train.py ...'"
-                )
-            return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus",
-                    str(nproc), "--master_port", str(_free_port()), *argv]  # fmt: skip
-        return torchrun_command(nproc, argv)
+    def _launch(self, nproc: int, argv: list[str], log: Path, env: dict) -> int | None:
+        """Start `argv` on `nproc` local ranks: through torchrun's launcher API in this
+        process, or the deepspeed launcher's command; its exit code, None on a timeout."""
+        if self.launcher == "torchrun":
+            return run_command(argv, nproc, log, env=env, timeout=self.timeout)
+        if not argv[0].endswith(".py"):
+            raise UsageError("--launcher deepspeed runs a Python script: --script 'train.py ...'")
+        command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc),
+                   "--master_port", str(_free_port()), *argv]  # fmt: skip
+        return run_launcher(command, log, env=env, timeout=self.timeout)
 
     def run(
         self,
@@ -117,14 +117,14 @@ class ScriptRunner:
             "checkpoint_dir": str(checkpoint_dir),
             "resume": "1" if resume else "0",
         }
-        command = self._command(nproc, script_argv(self.command, values))
+        argv = script_argv(self.command, values)
         env = dict(os.environ, **{f"LOCKSTEP_{k.upper()}": v for k, v in values.items()})
         env.setdefault("OMP_NUM_THREADS", "1")
         env.setdefault("PYTHONFAULTHANDLER", "1")  # a rank killed by a signal logs its stack
         log = run_dir / "run.log"
         self.logs[name] = str(log)
         started = time.time()
-        code = run_launcher(command, log, env=env, timeout=self.timeout)
+        code = self._launch(nproc, argv, log, env)
         if code is None:
             raise RankTimeout(
                 f"run '{name}' ({nproc} ranks) did not finish within {self.timeout:.0f} s "

@@ -1,8 +1,8 @@
 """The job a gate runs: the reference training (`lockstep train` CONFIG) or a user's script.
 
-Both are started the way their users start them, through torchrun (`-m lockstep train` for the
-reference job; the script with the black-box protocol's LOCKSTEP_* variables), one launch per
-run in its own folder, watched from outside by `monitor.TreeMonitor`. A run can take its code
+Both are started the way their users start them, through torchrun's launcher API (`-m lockstep
+train` for the reference job; the script with the black-box protocol's LOCKSTEP_* variables),
+one launch per run in its own folder, its ranks watched by `monitor.TreeMonitor`. A run can take its code
 from another tree (the base of an A/B comparison): the script runs in that tree, the reference
 job imports lockstep from that tree's `src/`.
 """
@@ -24,8 +24,7 @@ from lockstep.local_ranks import (
     aborted_at_exit,
     last_error_line,
     rank_environment,
-    run_launcher,
-    torchrun_command,
+    run_command,
 )
 from lockstep.redact import scrub_text
 
@@ -164,8 +163,8 @@ class Job:
             monitor = TreeMonitor(pid)
             return monitor
 
-        code = run_launcher(torchrun_command(self.nproc, argv), log, env=env,
-                            timeout=self.timeout, cwd=cwd, watch=watch)  # fmt: skip
+        code = run_command(argv, self.nproc, log, env=env, timeout=self.timeout, cwd=cwd,
+                           watch=watch)  # fmt: skip
         if code is None:
             ranks = ", ".join(sorted(monitor.rss)) or "no rank had started"
             raise RankTimeout(

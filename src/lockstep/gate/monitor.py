@@ -1,9 +1,9 @@
 """Measure a launch from outside: wall time and the peak memory of every rank process.
 
 A script that logs only `step` and `loss` still gets memory and time gates: a sampler thread
-walks the launcher's process tree every 50 ms and keeps each process's largest resident set
+walks the launching process's tree every 50 ms and keeps each process's largest resident set
 (and its GPU memory through NVML where there is a GPU). A rank is named by the `RANK` its
-launcher put in its environment; the launcher itself is left out.
+launcher put in its environment; processes without one (the launcher) are left out.
 """
 
 from __future__ import annotations
