@@ -48,7 +48,7 @@ def check(*args: str, tmp_path: Path) -> tuple[int, list[dict], str]:
 
     proc = rerun_once_on_abort(launch, lambda done: done.stdout + done.stderr)
     results = json.loads(out.read_text()) if out.exists() else []
-    return proc.returncode, results, proc.stdout + proc.stderr[-3000:]
+    return proc.returncode, results, proc.stdout + proc.stderr
 
 
 def test_resume_in_new_processes(tmp_path):

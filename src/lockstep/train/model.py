@@ -66,7 +66,10 @@ def build_model(cfg: ModelConfig, seed: int) -> nn.Module:
 
     model_type, fields = PRESETS[cfg.preset]
     hf_config = AutoConfig.for_model(model_type, **{**fields, **cfg.overrides})
-    return AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(hf_config, attn_implementation="eager")
+    # the loss transformers falls back to anyway, named: it warns on every start otherwise
+    model.loss_type = "ForCausalLM"
+    return model
 
 
 def model_modules(cfg: ModelConfig) -> list[str]:
