@@ -1,8 +1,8 @@
 """A Hugging Face Trainer script under `lockstep check --script` (README: "Check your own script").
 
 A tiny GPT-2 with random weights from a transformers config and lockstep's synthetic token
-stream: nothing is downloaded. Run it through torchrun; the two marked lines are all the
-adoption takes.
+stream: nothing is downloaded. Run it through torchrun; the lines marked `lockstep` are all
+the adoption takes.
 """
 
 import os
@@ -11,6 +11,7 @@ import torch
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
+from lockstep import track
 from lockstep.integrations.transformers import LockstepCallback, apply_protocol
 from lockstep.train.data import synthetic_sample
 
@@ -50,5 +51,4 @@ args = TrainingArguments(
 args, resume = apply_protocol(args)  # lockstep: max_steps, output_dir, resume
 trainer = Trainer(model=model, args=args, train_dataset=Synthetic(), callbacks=[LockstepCallback()])
 trainer.train(resume_from_checkpoint=resume)
-if torch.distributed.is_initialized():
-    torch.distributed.destroy_process_group()
+track.finish()  # lockstep: barrier, destroy_process_group, exit without gloo's abort

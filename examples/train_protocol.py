@@ -57,5 +57,4 @@ while step < (proto.max_steps or 20):
     track.log(step, loss=loss / world, grad_norm=grad_norm, lr=lr, model=model)
 
 save()
-dist.barrier()
-dist.destroy_process_group()
+track.finish()  # barrier, destroy_process_group, exit without gloo's abort at exit

@@ -1,11 +1,11 @@
-"""The one failure the multi-process tests rerun for: a known upstream abort.
+"""The one failure the multi-process tests rerun for: gloo's abort at interpreter exit.
 
-Under torch 2.13 with gloo, on the loaded 2-core CI machine, a rank now and then dies of SIGABRT
-with "terminate called without an active exception" (C++ std::terminate) and no Python error:
-seen once in a CI run of the DeepSpeed engine worker and once in a black-box script run
-(examples/train_protocol.py), which does nothing but gloo all_reduce, a barrier and
-destroy_process_group. 118 launches of a minimal gloo script under the same load did not
-reproduce it. The launches now run with PYTHONFAULTHANDLER so the next one shows where.
+Under torch 2.13 with gloo a rank now and then dies of SIGABRT with "terminate called without
+an active exception": a gloo worker thread releasing a collective's tensors is made to exit by
+Python's finalization inside a noexcept destructor (README, "The protocol", from core dumps).
+`destroy_process_group()` does not prevent it; ending without finalization does, and the
+example scripts end with `lockstep.track.finish()`. Launches of code that still ends through
+finalization (lockstep's own CLI ranks, the user-factory workers) can meet it, rarely.
 
 A launch that failed (non-zero exit) and whose logs carry that line is rerun once, with a warning
 naming it; any other failure, and the same abort twice, fails the test as before. A launch that

@@ -1,6 +1,9 @@
 """lockstep.track.log: rank 0 writes the protocol's JSONL and forwards to an active wandb run."""
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import torch
@@ -80,3 +83,33 @@ def test_forwards_to_an_offline_wandb_run(tmp_path, monkeypatch):
         assert "time" not in set(run.summary.keys())  # wandb summaries have no __contains__
     finally:
         run.finish()
+
+
+FINISHING = """
+import sys
+import torch.distributed as dist
+import wandb
+from lockstep import track
+
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}/store", rank=0, world_size=1)
+run = wandb.init(mode="offline", dir=sys.argv[1], project="lockstep-test")
+track.log(1, loss=0.5)
+print("still in the buffer", end="")  # stdout is a pipe: block-buffered until flushed
+track.finish(3)
+print("never reached")
+"""
+
+
+def test_finish_ends_without_finalization_and_loses_nothing(tmp_path):
+    """`finish` exits at once with its code, after the group, the wandb run and stdout are done
+    with: the offline wandb run finished, the buffered line reached the pipe."""
+    env = {**os.environ, "WANDB_SILENT": "true", "RANK": "0"}
+    env.pop("LOCKSTEP_METRICS", None)
+    proc = subprocess.run([sys.executable, "-c", FINISHING, str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stdout == "still in the buffer"
+    # wandb's own logs of a finished run (a bare os._exit leaves neither line)
+    assert "finishing run" in (tmp_path / "wandb" / "debug.log").read_text()
+    (internal,) = tmp_path.glob("wandb/offline-run-*/logs/debug-internal.log")
+    assert "stream: all finished" in internal.read_text()

@@ -31,8 +31,8 @@ import uuid
 from collections.abc import MutableMapping
 from pathlib import Path
 
-# libstdc++'s std::terminate message: a joinable std::thread destroyed at exit (gloo's
-# threads, when the process group was never destroyed; see README, "The protocol").
+# libstdc++'s std::terminate message: a gloo worker thread made to exit by Python's
+# finalization inside a noexcept destructor (README, "The protocol"; `track.finish`).
 ABORT_SIGNATURE = "terminate called without an active exception"
 # faulthandler's report of an abort inside running Python code (at exit there is none, or
 # "<no Python frame>")

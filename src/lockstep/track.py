@@ -11,7 +11,8 @@
 
 `log(step, loss=..., grad_norm=..., lr=..., model=model)` writes those lines and forwards
 them to wandb (rank 0) when a run is active. Outside a check, with LOCKSTEP_METRICS unset,
-it only forwards to wandb, so a script can call it unconditionally.
+it only forwards to wandb, so a script can call it unconditionally. `finish()` ends the script
+without the gloo abort at interpreter exit.
 
 Fields of a line (`step` and `loss` required, the rest optional):
 
@@ -41,6 +42,7 @@ import sys
 import time as _time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 RANK_PLACEHOLDER = "{rank}"
 
@@ -169,6 +171,33 @@ def log(step: int, *, model=None, **metrics) -> None:
             step=record["step"],
             commit=True,
         )
+
+
+def finish(code: int = 0) -> NoReturn:
+    """End a script that trained under torch.distributed, without Python's finalization: a
+    barrier, the process group destroyed, a wandb run finished, logs and output flushed, then
+    `os._exit(code)`.
+
+    Why: on gloo (torch 2.13) `destroy_process_group()` does not stop the group's worker
+    threads. A worker still releasing a collective's tensors (their Python objects need the
+    GIL) when the interpreter finalizes is made to exit inside a noexcept destructor, and the
+    rank dies of SIGABRT ("terminate called without an active exception"). Rare, and more so
+    the larger the heap; not ending through finalization rules it out. atexit handlers do not
+    run: close what the script opened before calling this.
+    """
+    import logging
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def read(path: str | Path, missing: str = "") -> list[dict]:

@@ -16,7 +16,7 @@ from test_script_checks import EXAMPLE, check
 
 LOOP = "while step < (proto.max_steps or 20):\n"
 LOG = "    track.log(step, loss=loss / world, grad_norm=grad_norm, lr=lr, model=model)\n"
-FINAL_SAVE = "\nsave()\ndist.barrier()"
+FINAL_SAVE = "\nsave()\ntrack.finish()"
 # The real std::terminate of libstdc++ (its message, then abort()); registered as a C atexit
 # handler it runs after Python's finalization, like the gloo abort (no Python frame).
 TERMINATE = (
@@ -31,12 +31,12 @@ VARIANTS = {
     # a checkpoint every 3 steps at the top of the loop, before that iteration's step
     "every-3-before": [
         (LOOP, LOOP + "    if step % 3 == 0 and step > 0:\n        save()\n"),
-        (FINAL_SAVE, "\ndist.barrier()"),
+        (FINAL_SAVE, "\ntrack.finish()"),
     ],
     # a checkpoint every 3 steps after the step
     "every-3-after": [
         (LOG, LOG + "    if step % 3 == 0:\n        save()\n"),
-        (FINAL_SAVE, "\ndist.barrier()"),
+        (FINAL_SAVE, "\ntrack.finish()"),
     ],
     # a resume that restores everything but the step counter: it starts again at step 1
     "restart-at-1": [
@@ -49,7 +49,8 @@ VARIANTS = {
             'step, position = state["step"] + 1, state["position"]',
         )
     ],
-    # std::terminate at process exit, after a complete run and its checkpoint
+    # std::terminate at process exit, after a complete run and its checkpoint (a script that
+    # ends through Python's finalization, not track.finish)
     "abort-at-exit": [
         (
             "from lockstep import track\n",
@@ -57,6 +58,7 @@ VARIANTS = {
             + TERMINATE
             + "ctypes.CDLL(None).__cxa_atexit(_fn, None, None)\n",
         ),
+        ("track.finish()", "dist.barrier()\ndist.destroy_process_group()"),
     ],
     # std::terminate in the middle of the run
     "abort-mid-run": [

@@ -48,7 +48,9 @@ for step in range(1, (proto.max_steps or 6) + 1):
     track.log(step, loss=loss / world, lr=opt.param_groups[0]["lr"])
     if plant == "abort-mid" and step == 2:
         ctypes.CFUNCTYPE(None)(TERMINATE.value)()
-dist.barrier()
-dist.destroy_process_group()
 if plant == "abort-exit":  # a C atexit handler: runs after Python's finalization, no frame
+    dist.barrier()
+    dist.destroy_process_group()
     ctypes.CDLL(None).__cxa_atexit(TERMINATE, None, None)
+else:
+    track.finish()

@@ -186,9 +186,9 @@ class ScriptRunner:
         if at_exit and complete and _fresh_checkpoint(checkpoint_dir, started):
             self.note(
                 f"run '{name}': a rank died of SIGABRT at interpreter exit ('{ABORT_SIGNATURE}',"
-                " gloo's threads outliving a process group that was never destroyed) after "
-                f"logging every step and writing its checkpoint; counted as finished. Call "
-                "torch.distributed.destroy_process_group() at the end of the script to avoid it"
+                " a gloo worker thread stopped by Python's finalization) after logging every "
+                "step and writing its checkpoint; counted as finished. End the script with "
+                "lockstep.track.finish() to avoid it"
             )
             return
         last = last_error_line(log)

@@ -201,6 +201,7 @@ class Job:
         ):
             return (
                 f"a rank died of SIGABRT at interpreter exit ('{ABORT_SIGNATURE}') after logging "
-                f"all {self.steps} steps; counted as finished (log: {log})"
+                f"all {self.steps} steps; counted as finished (log: {log}). End the script with "
+                "lockstep.track.finish() to avoid it"
             )
         raise JobFailed(f"the job exited {code}: {last_error_line(log)} (log: {log})")
