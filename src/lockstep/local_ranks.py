@@ -279,7 +279,8 @@ def run_command(argv: list[str], nproc: int, log: Path, *, env: dict, timeout: f
             elastic_launch(config, program)(*args)
             code = 0
         except ChildFailedError as err:
-            print(err.format_msg(), file=sys.stderr, flush=True)  # as torchrun prints it
+            out.write(f"{err.format_msg()}\n".encode())  # as torchrun prints it
+            out.flush()
             code = err.get_first_failure()[1].exitcode or 1
         finally:
             timer.cancel()

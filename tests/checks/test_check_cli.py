@@ -12,12 +12,12 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from inprocess import run_main
 from lockstep.cli import main
 from teardown_abort import rerun_once_on_abort
 
@@ -34,17 +34,13 @@ def pid_ordered_data(seq_len: int, vocab_size: int) -> list[torch.Tensor]:
 
 def check(*args: str, tmp_path: Path) -> tuple[int, list[dict], str]:
     out = tmp_path / "result.json"
-    # The ranks import this module (a data factory), which imports tests/teardown_abort.py.
-    here = Path(__file__).parent
-    path = os.pathsep.join([str(here), str(here.parent)])
-    env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "lockstep", "check", *args, *QUIET, "--out",
-           str(tmp_path / "runs"), "--json", str(out)]  # fmt: skip
+    argv = ["check", *args, *QUIET, "--out", str(tmp_path / "runs"), "--json", str(out)]
 
     def launch() -> subprocess.CompletedProcess:
         shutil.rmtree(tmp_path / "runs", ignore_errors=True)
         out.unlink(missing_ok=True)
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+        # the ranks import this module (a data factory): its folder is on their sys.path
+        return run_main(argv, ROOT, {"OMP_NUM_THREADS": "1"})
 
     proc = rerun_once_on_abort(launch, lambda done: done.stdout + done.stderr)
     results = json.loads(out.read_text()) if out.exists() else []
@@ -80,8 +76,11 @@ def test_zero3_resume_on_another_world_size_through_a_universal_checkpoint(tmp_p
 def test_elastic_sigkill_restart_resume(tmp_path):
     code, results, log = check("elastic", "smoke/cpu-ddp.toml", tmp_path=tmp_path)
     assert code == 0, log
+    # The check passes only when the result comes from attempt 1 (TORCHELASTIC_RESTART_COUNT,
+    # set by torchelastic's agent when it restarted the group after the kill) resuming at the
+    # kill step. Which failure the agent logs first (the killed rank, or rank 0 losing its
+    # peer) is a race, so its log lines prove nothing more.
     assert results[0]["passed"] and "SIGKILLed after step 2" in results[0]["summary"]
-    assert "terminated with signal SIGKILL" in log  # the agent saw a real kill
 
 
 def test_elastic_catches_a_process_dependent_data_order(tmp_path):

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from inprocess import run_main
 from teardown_abort import rerun_once_on_abort
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_protocol.py"
@@ -51,13 +51,12 @@ def check(
     *args: str, cwd: Path, steps: str = "4", rerun: bool = True
 ) -> tuple[subprocess.CompletedProcess, list[dict]]:
     out_json, runs = cwd / "result.json", cwd / "runs"
-    cmd = [sys.executable, "-m", "lockstep", "check", *args, "--steps", steps, "--out", str(runs),
-           "--json", str(out_json)]  # fmt: skip
+    argv = ["check", *args, "--steps", steps, "--out", str(runs), "--json", str(out_json)]
 
     def launch() -> subprocess.CompletedProcess:
         shutil.rmtree(runs, ignore_errors=True)
         out_json.unlink(missing_ok=True)
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=cwd)
+        return run_main(argv, cwd)
 
     def logs(proc: subprocess.CompletedProcess) -> str:
         return proc.stderr + "".join(p.read_text(errors="replace") for p in runs.rglob("run.log"))

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+from inprocess import run_main
 from teardown_abort import rerun_once_on_abort
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_hf_trainer.py"
@@ -18,12 +17,12 @@ SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_hf_trainer.py
 
 def test_trainer_script_passes_every_check(tmp_path):
     out, runs = tmp_path / "result.json", tmp_path / "runs"
-    cmd = [sys.executable, "-m", "lockstep", "check", "all", "--script", str(SCRIPT),
-           "--steps", "4", "--out", str(runs), "--json", str(out)]  # fmt: skip
+    argv = ["check", "all", "--script", str(SCRIPT), "--steps", "4", "--out", str(runs),
+            "--json", str(out)]  # fmt: skip
 
     def launch():
         shutil.rmtree(runs, ignore_errors=True)
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+        return run_main(argv, tmp_path)
 
     start = time.perf_counter()
     proc = rerun_once_on_abort(launch, lambda p: p.stdout + p.stderr)

@@ -1,0 +1,75 @@
+"""`lockstep.cli.main` inside the test process, as `python -m lockstep` would run it.
+
+The same code as the console script (tests/test_cli.py starts that one for real) without a new
+interpreter importing torch for every call: a script check's ranks still start as fresh
+processes, and a CONFIG check's ranks fork from the forkserver this process started once.
+The call gets its own working directory, environment, stdout and stderr (file descriptors
+included, which the launched ranks inherit), all restored after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from lockstep.cli import main
+
+
+@contextlib.contextmanager
+def _captured():
+    """stdout and stderr (Python's and file descriptors 1 and 2) into two temporary files;
+    their texts land in the list it yields when the block ends."""
+    texts: list[str] = []
+    with contextlib.ExitStack() as files:
+        out, err = (files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(2))
+        sys.stdout.flush(), sys.stderr.flush()
+        saved_fds, saved_streams = [os.dup(1), os.dup(2)], (sys.stdout, sys.stderr)
+        try:
+            os.dup2(out.fileno(), 1)
+            os.dup2(err.fileno(), 2)
+            sys.stdout, sys.stderr = out, err
+            yield texts
+        finally:
+            out.flush(), err.flush()
+            sys.stdout, sys.stderr = saved_streams
+            for fd, saved in zip((1, 2), saved_fds, strict=True):
+                os.dup2(saved, fd)
+                os.close(saved)
+            out.seek(0), err.seek(0)
+            texts += [out.read(), err.read()]
+
+
+@contextlib.contextmanager
+def _warnings_to_stderr():
+    """Log records of WARNING and above to stderr, as a bare interpreter's last-resort handler
+    prints them (pytest's own handlers on the root logger keep that one from firing)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    logging.getLogger().addHandler(handler)
+    try:
+        yield
+    finally:
+        logging.getLogger().removeHandler(handler)
+
+
+def run_main(argv: list[str], cwd: Path, env: dict[str, str] | None = None):
+    """`lockstep *argv` in `cwd` with `env` added to the environment; a CompletedProcess."""
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    os.environ.update(env or {})
+    os.chdir(cwd)
+    try:
+        with _captured() as texts, _warnings_to_stderr():
+            try:
+                code = main(argv)
+            except SystemExit as exc:  # argparse's usage errors
+                code = exc.code if isinstance(exc.code, int) else 2
+        return subprocess.CompletedProcess(["lockstep", *argv], code, *texts)
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
