@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import psutil
 import pytest
 
 from inprocess import run_main
@@ -136,3 +137,20 @@ def test_bad_world_sizes_is_usage_error(tmp_path):
     proc, _ = check("world-size", "--script", str(EXAMPLE), "--world-sizes", "2", cwd=tmp_path)
     assert proc.returncode == 2
     assert "--world-sizes" in proc.stderr
+
+
+def test_a_hung_run_is_killed_at_the_timeout_in_one_line(tmp_path):
+    script = tmp_path / "hang.py"
+    script.write_text(
+        "import os, time\nfrom lockstep import track\n"
+        "track.log(1, loss=1.0)\n"
+        f"open({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid()))\n"
+        "time.sleep(600)\n"
+    )
+    proc, _ = check(
+        "determinism", "--script", str(script), "--nproc", "1", "--timeout", "5", cwd=tmp_path
+    )
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "run 'determinism-1' (1 ranks) did not finish within 5 s and was killed" in line
+    assert not psutil.pid_exists(int((tmp_path / "pid").read_text()))  # the rank is gone

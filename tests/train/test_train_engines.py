@@ -14,6 +14,7 @@ import torch
 
 from lockstep.cli import main
 from lockstep.track import read as read_metrics
+from once import once
 from teardown_abort import rerun_once_on_abort
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,10 +44,13 @@ def engine_runs(tmp_path_factory):
     """engine -> (straight summary, resumed summary, state at save, state after load).
 
     Two launches for all engines: every engine straight, then every engine resumed in fresh
-    processes from its step-2 checkpoint."""
-    base = tmp_path_factory.mktemp("engines")
-    for mode in ("straight", "resume"):
-        launch(str(WORKER), mode, str(base), ",".join(ENGINES), *RUN)
+    processes from its step-2 checkpoint; once per test run, whichever worker needs it first."""
+
+    def make(base: Path) -> None:
+        for mode in ("straight", "resume"):
+            launch(str(WORKER), mode, str(base), ",".join(ENGINES), *RUN)
+
+    base = once(tmp_path_factory, "engine-runs", make)
 
     def get(engine: str):
         out = base / engine
@@ -94,25 +98,29 @@ def test_engines_agree_with_each_other(engine_runs):
                 assert mine[key] == pytest.approx(ref[key], rel=1e-5), (engine, mine["step"], key)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cli_run(tmp_path_factory):
     """`lockstep train --nproc 2` itself: metrics, checkpoints, wandb offline files."""
-    out = tmp_path_factory.mktemp("cli") / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     sets = [
         a for s in ["steps=3", "checkpoint.every=2", "logging.progress=false"] for a in ("--set", s)
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "lockstep", "train", "smoke/cpu-ddp.toml", "--nproc", "2", "--out", str(out), *sets],
-        capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return out, proc
+
+    def make(folder: Path) -> None:
+        proc = subprocess.run(
+            [sys.executable, "-m", "lockstep", "train", "smoke/cpu-ddp.toml", "--nproc", "2", "--out", str(folder / "run"), *sets],
+            capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        (folder / "stdout").write_text(proc.stdout)
+
+    folder = once(tmp_path_factory, "cli-run", make)
+    return folder / "run", (folder / "stdout").read_text()
 
 
 def test_cli_writes_metrics_checkpoints_and_wandb(cli_run):
-    out, proc = cli_run
-    assert "lockstep: trained to step 3" in proc.stdout
+    out, stdout = cli_run
+    assert "lockstep: trained to step 3" in stdout
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert set(rows[0]) == {
