@@ -113,27 +113,61 @@ def scrubbed_logs(logger: str = "torch.distributed.elastic"):
             handler.removeFilter(scrub)
 
 
+# What every forked rank has imported: torch._dynamo too, which the first optimizer a process
+# builds imports (2 s of CPU here, as much as torch itself).
+BASE_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "lockstep.track", __name__]
 # The environment the forkserver of this process started with (None: not started by us).
 _forkserver_environ: dict[str, str] | None = None
 
 
-def _forkserver(preload: list[str]) -> dict[str, str]:
-    """Start this process's forkserver with `preload` imported (once; later calls reuse it,
-    whatever they preload); the environment it started with."""
+def _forkserver(preload: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
+    """Start this process's forkserver with `BASE_PRELOAD` and `preload` imported (once; later
+    calls reuse it, whatever they preload); the environment it started with."""
     global _forkserver_environ
     if _forkserver_environ is None:
         from multiprocessing import forkserver
 
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(preload)
+        context.set_forkserver_preload([*BASE_PRELOAD, *preload])
         _forkserver_environ = dict(os.environ)
         forkserver.ensure_running()
     return _forkserver_environ
 
 
-def _in_environ(server: dict[str, str], parent: dict[str, str], fn, *args):
+def die_with(pid: int, interval: float = 0.5) -> None:
+    """End this process (SIGKILL) once process `pid` is gone: a rank forked from the
+    forkserver outlives the process that asked for it otherwise (its parent is the forkserver,
+    which in turn lives as long as any process it forked)."""
+    import threading
+    import time
+
+    def watch() -> None:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os.kill(os.getpid(), signal.SIGKILL)
+            except PermissionError:
+                pass
+            time.sleep(interval)
+
+    threading.Thread(target=watch, name="lockstep-die-with", daemon=True).start()
+
+
+def forkserver_context(preload: list[str] | tuple[str, ...] = ()):
+    """The "forkserver" multiprocessing context, its server started (`BASE_PRELOAD` and
+    `preload` imported; or already running): for CPU ranks that must not pay torch's import
+    each. The server never ran a torch op, so a rank may still use CUDA; nothing it imports
+    may initialize CUDA (no GPU probe), or forked ranks could not use it."""
+    _forkserver(preload)
+    return multiprocessing.get_context("forkserver")
+
+
+def _in_environ(launcher: int, server: dict[str, str], parent: dict[str, str], fn, *args):
     """On a forked rank: the launching process's environment of now, not the forkserver's of
-    when it started, keeping what torchelastic set for this rank; then `fn(*args)`."""
+    when it started, keeping what torchelastic set for this rank; then `fn(*args)`. The rank
+    ends if the launching process `launcher` does."""
+    die_with(launcher)
     ours = {k for k, v in os.environ.items() if server.get(k) != v}  # torchelastic's
     for key in set(os.environ) - set(parent) - ours:
         del os.environ[key]
@@ -162,8 +196,8 @@ def run_local(fn, args: tuple, nproc: int, name: str, device: str, preload=(), *
 
     rank_environment(device, nproc)
     if device == "cpu":
-        server = _forkserver(["torch", "torch.distributed", __name__, *preload])
-        entry, args = _in_environ, (server, dict(os.environ), fn, *args)
+        server = _forkserver(preload)
+        entry, args = _in_environ, (os.getpid(), server, dict(os.environ), fn, *args)
         config = standalone_config(nproc, name, start_method="forkserver", **overrides)
     else:
         entry = fn
@@ -252,23 +286,76 @@ def _killer():
     return kill
 
 
+class _ScriptExit(SystemExit):
+    """`os._exit(code)` called by a script run in a forked rank (`run_path`)."""
+
+
+def _exit_through_return(code: int = 0):
+    """`os._exit` for a script in a forked rank: torchelastic's function mode needs the rank's
+    function to return (an exit without its return value looks like a rank still running), and
+    the rank process itself then ends with `os._exit`, without Python's finalization."""
+    sys.stdout.flush(), sys.stderr.flush()
+    raise _ScriptExit(code)
+
+
+def _run_script(log: str, cwd: str, script: str, *args: str) -> None:
+    """On a forked rank: run `script` as `__main__` with `args`, as `python -u script args`
+    would in `cwd` (its folder first on sys.path), its output appended to `log`."""
+    import faulthandler
+    import runpy
+
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1), os.dup2(fd, 2), os.close(fd)
+    sys.stdout.reconfigure(write_through=True), sys.stderr.reconfigure(write_through=True)
+    if os.environ.get("PYTHONFAULTHANDLER"):
+        faulthandler.enable()
+    os.chdir(cwd)
+    sys.argv = [script, *args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    os._exit = _exit_through_return
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit:
+        raise
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()  # as the interpreter prints it, before torchelastic's summary
+        raise
+
+
 def run_command(argv: list[str], nproc: int, log: Path, *, env: dict, timeout: float,
-                cwd: Path | None = None, watch=None) -> int | None:  # fmt: skip
+                cwd: Path | None = None, watch=None, run_path: bool = False) -> int | None:  # fmt: skip
     """Run `argv` on `nproc` local ranks as `torchrun --standalone` would, through its launcher
     API in this process (no launcher process importing torch again); every rank's output and
     the launcher's into `log`, redacted. The exit code (0, or the first failed rank's), or None
     when it ran past `timeout` and every rank was killed. `watch(pid)`, a context manager,
     runs around the launch with this process's pid (gate's process monitor).
+
+    `run_path` (a `.py` script): as `torchrun --run-path`, each rank runs the script with
+    runpy in a process that already imported torch (`BASE_PRELOAD`), forked from this
+    process's forkserver, instead of a new interpreter importing it again (about 3 s of CPU a
+    rank here). What the script does before `import torch` for torch to read at import time
+    is then too late; `os._exit(n)` ends the script as `sys.exit(n)` would.
     """
     import threading
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
+    from lockstep.errors import UsageError
     from lockstep.redact import scrubbed_log
 
-    program, args = _program(argv)
-    config = standalone_config(nproc, "script")
+    if run_path:
+        if not argv[0].endswith(".py"):
+            raise UsageError(f"--run-path runs a Python script (script.py ...), not {argv[0]!r}")
+        server = _forkserver()  # before _killer: it stays
+        program = _in_environ
+        args = [os.getpid(), server, env, _run_script, str(log), str(cwd or os.getcwd()), *argv]
+        config = standalone_config(nproc, "script", start_method="forkserver")
+    else:
+        program, args = _program(argv)
+        config = standalone_config(nproc, "script")
     expired, kill = [], _killer()
     timer = threading.Timer(timeout, lambda: (expired.append(True), kill()))
     timer.daemon = True
@@ -315,12 +402,17 @@ def aborted_at_exit(text: str) -> bool:
     return ABORT_SIGNATURE in text and not IN_PYTHON.search(text) and only_aborts
 
 
+# torchrun's failure summary: a block between two lines of 60 "=" (ChildFailedError.format_msg)
+SUMMARY = re.compile(r"^={60}$.*?^={60}$", re.M | re.S)
+
+
 def last_error_line(log: Path) -> str:
     """The script's own last error line, not the launcher's summary of it."""
-    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    text = SUMMARY.sub("", log.read_text(errors="replace"))
     launcher = ("errors.html", "ChildFailedError", "elastic", "launch.py", "error_file")
-    errors = [
-        ln for ln in lines
-        if ("Error" in ln or "error" in ln) and not any(x in ln for x in launcher)
+    lines = [
+        ln.strip() for ln in text.splitlines()
+        if ln.strip() and not any(x in ln for x in launcher)
     ]  # fmt: skip
+    errors = [ln for ln in lines if "Error" in ln or "error" in ln]
     return (errors or lines or ["no output"])[-1][:300]

@@ -170,10 +170,13 @@ def scrub_file(path: str | os.PathLike) -> bool:
 
 @contextlib.contextmanager
 def scrubbed_log(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """`open(path, "wb")` for a child's stdout/stderr; when the block ends, however it ends
-    (a timeout's kill too), the file is scrubbed before anything reads or quotes it."""
+    """A new file at `path`, open for appending, for children's stdout/stderr (every writer
+    appends, so a process that opens it again writes after, not over, the others); when the
+    block ends, however it ends (a timeout's kill too), it is scrubbed before anything reads or
+    quotes it."""
     try:
-        with open(path, "wb") as out:
+        open(path, "wb").close()
+        with open(path, "ab") as out:
             yield out
     finally:
         if os.path.isfile(path):

@@ -88,10 +88,11 @@ def test_example_passes_every_check(tmp_path):
     ],
 )
 def test_broken_variant_is_caught(tmp_path, bug, name, cause):
-    # The resume and determinism bugs do not depend on the world size: one rank is cheaper.
+    # The resume and determinism bugs do not depend on the world size: one rank is cheaper;
+    # so are ranks forked from a process that imported torch (--run-path).
     nproc = "2" if name == "world-size" else "1"
     script = str(variant(tmp_path, bug))
-    proc, results = check(name, "--script", script, "--nproc", nproc, cwd=tmp_path)
+    proc, results = check(name, "--script", script, "--nproc", nproc, "--run-path", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (result,) = results
     assert not result["passed"]
@@ -115,14 +116,39 @@ def test_placeholders_reach_a_script_that_takes_flags(tmp_path):
     assert results[0]["passed"]
 
 
-def test_crashing_script_is_bad_input_in_one_line(tmp_path):
+@pytest.mark.parametrize("run_path", [(), ("--run-path",)], ids=["new-interpreter", "run-path"])
+def test_crashing_script_is_bad_input_in_one_line(tmp_path, run_path):
     script = tmp_path / "crash.py"
     script.write_text("raise SystemExit('no data found at /nowhere')\n")
-    proc, _ = check("determinism", "--script", str(script), "--nproc", "1", cwd=tmp_path)
+    proc, _ = check("determinism", "--script", str(script), "--nproc", "1", *run_path, cwd=tmp_path)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-    assert "run 'determinism-1' exited 1" in proc.stderr
+    assert "run 'determinism-1' exited 1: no data found at /nowhere" in proc.stderr
+
+
+def test_run_path_keeps_the_output_and_the_code_of_os_exit(tmp_path):
+    """Under --run-path a script's os._exit(n) ends it as sys.exit(n) (torchelastic's function
+    mode needs the rank to return), its output in the run's log."""
+    script = tmp_path / "leave.py"
+    script.write_text("import os, sys\nprint('leaving from', sys.argv[0])\nos._exit(5)\n")
+    proc, _ = check(
+        "determinism", "--script", str(script), "--nproc", "1", "--run-path", cwd=tmp_path
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "run 'determinism-1' exited 5" in proc.stderr
+    log = (tmp_path / "runs" / "determinism-1" / "run.log").read_text()
+    assert f"leaving from {script}" in log
+    proc, _ = check(
+        "determinism",
+        "--script",
+        str(script),
+        "--launcher",
+        "deepspeed",
+        "--run-path",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2 and "--run-path is torchrun's" in proc.stderr
 
 
 def test_script_without_metrics_is_bad_input(tmp_path):
@@ -139,7 +165,8 @@ def test_bad_world_sizes_is_usage_error(tmp_path):
     assert "--world-sizes" in proc.stderr
 
 
-def test_a_hung_run_is_killed_at_the_timeout_in_one_line(tmp_path):
+@pytest.mark.parametrize("run_path", [(), ("--run-path",)], ids=["new-interpreter", "run-path"])
+def test_a_hung_run_is_killed_at_the_timeout_in_one_line(tmp_path, run_path):
     script = tmp_path / "hang.py"
     script.write_text(
         "import os, time\nfrom lockstep import track\n"
@@ -148,7 +175,15 @@ def test_a_hung_run_is_killed_at_the_timeout_in_one_line(tmp_path):
         "time.sleep(600)\n"
     )
     proc, _ = check(
-        "determinism", "--script", str(script), "--nproc", "1", "--timeout", "5", cwd=tmp_path
+        "determinism",
+        "--script",
+        str(script),
+        "--nproc",
+        "1",
+        "--timeout",
+        "5",
+        *run_path,
+        cwd=tmp_path,
     )
     assert proc.returncode == 3, proc.stdout + proc.stderr
     (line,) = proc.stderr.strip().splitlines()

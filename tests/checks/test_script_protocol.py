@@ -4,7 +4,9 @@ that restart at step 1 or skip a step, the gloo abort at exit (tolerated after a
 an error mid-run), the replicas check and its planted bugs, and the deepspeed launcher.
 
 Resume and determinism cases run on one rank (cheaper: the protocol does not depend on the
-world size); replicas need two.
+world size); replicas need two. Those run with --run-path (ranks forked from a process that
+imported torch); the abort cases need a script that ends through Python's finalization, in
+its own interpreter, and the deepspeed launcher starts its own.
 """
 
 from __future__ import annotations
@@ -108,8 +110,9 @@ def variant(tmp_path: Path, name: str) -> str:
     ],
 )
 def test_resume_accepts_real_loops(tmp_path, name, summary):
+    script = variant(tmp_path, name)
     proc, results = check(
-        "resume", "--script", variant(tmp_path, name), "--nproc", "1", steps="8", cwd=tmp_path
+        "resume", "--script", script, "--nproc", "1", "--run-path", steps="8", cwd=tmp_path
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert summary in results[0]["summary"], results
@@ -126,9 +129,8 @@ def test_resume_accepts_real_loops(tmp_path, name, summary):
     ],
 )
 def test_resume_still_catches_a_bad_step_counter(tmp_path, name, summary, cause):
-    proc, results = check(
-        "resume", "--script", variant(tmp_path, name), "--nproc", "1", cwd=tmp_path
-    )
+    script = variant(tmp_path, name)
+    proc, results = check("resume", "--script", script, "--nproc", "1", "--run-path", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert summary in results[0]["summary"] and cause in results[0]["diagnosis"], results
 
@@ -166,7 +168,7 @@ def test_abort_mid_run_stays_an_error(tmp_path):
 )
 def test_replicas(tmp_path, name, quantity, cause):
     script = variant(tmp_path, name) if name else str(EXAMPLE)
-    proc, results = check("replicas", "--script", script, cwd=tmp_path)
+    proc, results = check("replicas", "--script", script, "--run-path", cwd=tmp_path)
     (result,) = results
     if name is None:
         assert proc.returncode == 0, proc.stdout + proc.stderr

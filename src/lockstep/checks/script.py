@@ -49,12 +49,20 @@ class ScriptRunner:
     run per call, each in its own folder."""
 
     def __init__(
-        self, command: str, workdir: Path, timeout: float = 600.0, launcher: str = "torchrun"
+        self,
+        command: str,
+        workdir: Path,
+        timeout: float = 600.0,
+        launcher: str = "torchrun",
+        run_path: bool = False,
     ):
         if not command.strip():
             raise UsageError("--script needs a command, for example --script 'python train.py'")
         if launcher not in LAUNCHERS:
             raise UsageError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+        if run_path and launcher != "torchrun":
+            raise UsageError("--run-path is torchrun's: drop it or --launcher deepspeed")
+        self.run_path = run_path
         self.command = command
         self.workdir = workdir
         self.timeout = timeout
@@ -76,7 +84,9 @@ class ScriptRunner:
         """Start `argv` on `nproc` local ranks: through torchrun's launcher API in this
         process, or the deepspeed launcher's command; its exit code, None on a timeout."""
         if self.launcher == "torchrun":
-            return run_command(argv, nproc, log, env=env, timeout=self.timeout)
+            return run_command(
+                argv, nproc, log, env=env, timeout=self.timeout, run_path=self.run_path
+            )
         if not argv[0].endswith(".py"):
             raise UsageError("--launcher deepspeed runs a Python script: --script 'train.py ...'")
         command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc),

@@ -29,9 +29,11 @@ Ini options
     ``lockstep_reuse_pool`` (default true): false starts fresh ranks for every test.
 
 How it runs
-    Rank processes start with the spawn start method (never fork) the first time a world
-    size and backend is needed, and serve every later test with the same world size and
-    backend. They meet through a FileStore in a per-pool temporary directory, so no port is
+    Rank processes start the first time a world size and backend is needed, and serve
+    every later test with the same world size and backend: gloo ranks are forked from a
+    forkserver that imported torch (with ``torch._dynamo``) and ``torch.distributed`` once
+    and never ran a torch op, so a rank starts in a fraction of a second and may still use
+    CUDA itself; nccl ranks use the spawn start method (never fork). They meet through a FileStore in a per-pool temporary directory, so no port is
     fixed and pytest-xdist workers or concurrent sessions never collide (MASTER_ADDR and
     MASTER_PORT are still set, to a port the OS just handed out, for code that expects
     torchrun's variables). Before each test every rank takes the pytest process's
@@ -64,8 +66,9 @@ Limitations
     from one test to the next on a warm pool; set ``lockstep_reuse_pool = false`` to rule
     that out. With several pytest-xdist workers, GPU tests of different workers share GPUs.
     If the pytest process is killed (SIGKILL), ranks die with it (PR_SET_PDEATHSIG) but
-    processes the ranks started must notice it themselves. Ranks use the spawn start method,
-    so a script that calls ``pytest.main()`` needs an ``if __name__ == "__main__":`` guard.
+    processes the ranks started must notice it themselves. Ranks re-import the main module
+    as multiprocessing does (spawn, forkserver), so a script that calls ``pytest.main()``
+    needs an ``if __name__ == "__main__":`` guard.
     SIGUSR1 in a rank belongs to the plugin (it asks faulthandler for the stacks).
 """
 

@@ -1,7 +1,8 @@
 """Warm pools of rank processes, reused by every test with the same world size and backend.
 
-Starting ranks costs seconds (a fresh interpreter importing torch, then a rendezvous), so a
-pool starts them once with the spawn start method and sends them one test after another.
+Starting ranks costs seconds (an interpreter importing torch, then a rendezvous), so a pool
+starts them once and sends them one test after another: gloo ranks forked from a forkserver
+that imported torch once (`lockstep.local_ranks.forkserver_context`), nccl ranks spawned.
 Nothing here uses a fixed port: the default group meets through a FileStore in the pool's own
 temporary directory. A pool that saw a failure, a crash or a hang is killed (its process group
 may be unusable, as PyTorch's "poison pill" notes) and the next test gets a fresh one.
@@ -43,7 +44,14 @@ class RankPool:
     def __init__(self, world_size: int, backend: str, start_timeout: float):
         self.world_size, self.backend, self.closed = world_size, backend, False
         self.dir = Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-{world_size}-"))
-        context = multiprocessing.get_context("spawn")
+        # gloo ranks fork from a server that imported torch once (lockstep.local_ranks); nccl
+        # ranks are spawned, each a new interpreter.
+        if backend == "gloo":
+            from lockstep.local_ranks import forkserver_context
+
+            context = forkserver_context()
+        else:
+            context = multiprocessing.get_context("spawn")
         self.conns, self.procs = [], []
         _live_pools.add(self)
         master_port = _free_port()
@@ -61,7 +69,16 @@ class RankPool:
             ours, theirs = context.Pipe()
             proc = context.Process(
                 target=worker.main,
-                args=(theirs, rank, world_size, backend, str(self.dir), env, os.getpid()),
+                args=(
+                    theirs,
+                    rank,
+                    world_size,
+                    backend,
+                    str(self.dir),
+                    env,
+                    os.getpid(),
+                    dict(os.environ),
+                ),
                 name=f"lockstep-rank-{rank}",
             )
             proc.start()

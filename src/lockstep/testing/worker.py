@@ -1,7 +1,7 @@
 """The main loop of one rank process of the warm pool.
 
-A rank starts once (spawn start method), joins the pool's default process group through a
-FileStore in the pool's directory, then runs the test bodies the pytest process sends until
+A rank starts once (forked from a forkserver on gloo, spawned on nccl), joins the pool's
+default process group through a FileStore in the pool's directory, then runs the test bodies the pytest process sends until
 the pipe closes. Around every test it puts back what a test may change (environment, working
 directory, sys.path, RNG seeds, torch global modes, extra process groups) so each test sees a
 rank as fresh as a new process. This module imports no torch at import time: the pytest
@@ -67,11 +67,13 @@ def stacks_path(pool_dir: Path, rank: int) -> Path:
     return pool_dir / f"rank{rank}.stacks"
 
 
-def main(conn, rank: int, world_size: int, backend: str, pool_dir: str, env: dict, parent_pid: int):
-    """Entry point of a rank process (the target of a spawn-context Process).
+def main(conn, rank: int, world_size: int, backend: str, pool_dir: str, env: dict,
+         parent_pid: int, parent_env: dict):  # fmt: skip
+    """Entry point of a rank process (spawned, or forked from a forkserver).
 
     `env` holds the rank's launcher variables (RANK, WORLD_SIZE, ...), set as torchrun would
-    and kept across the per-test environment reset.
+    and kept across the per-test environment reset; `parent_env` is the pytest process's
+    environment (a forked rank has its forkserver's otherwise).
     """
     _die_with_parent(parent_pid)
     os.setsid()  # own process group: the pool kills the rank and its children together
@@ -80,6 +82,8 @@ def main(conn, rank: int, world_size: int, backend: str, pool_dir: str, env: dic
     stacks = open(stacks_path(pool, rank), "w")  # noqa: SIM115 - lives as long as the rank
     faulthandler.enable(stacks, all_threads=True)
     faulthandler.register(STACKS_SIGNAL, stacks, all_threads=True, chain=False)
+    os.environ.clear()
+    os.environ.update(parent_env)
     os.environ.update(env)
     try:
         state = _Rank(rank, world_size, backend, pool, env)
@@ -95,15 +99,19 @@ def main(conn, rank: int, world_size: int, backend: str, pool_dir: str, env: dic
         conn.send(state.run(task))
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """End this rank when the pytest process ends, even by SIGKILL."""
+def _die_with_parent(pytest_pid: int) -> None:
+    """End this rank when the pytest process ends, even by SIGKILL: a spawned rank's parent
+    is the pytest process (PR_SET_PDEATHSIG); a forked one's is the forkserver, which lives as
+    long as any process it forked, so a thread watches the pytest process."""
     if sys.platform == "linux":
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
     else:
-        threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
+        threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    if os.getppid() != pytest_pid:  # forked: the forkserver outlives the pytest process
+        from lockstep.local_ranks import die_with
+
+        die_with(pytest_pid)
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -137,6 +145,9 @@ class _Rank:
         else:
             self.device = torch.device("cpu")
             device_id = None
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        if threads.isdigit() and int(threads) > 0:  # a forked rank: read at import, elsewhere
+            torch.set_num_threads(int(threads))
         store = dist.FileStore(str(pool_dir / "store"), world_size)
         dist.init_process_group(
             backend, store=store, rank=rank, world_size=world_size, device_id=device_id
