@@ -1,4 +1,5 @@
-"""`lockstep.cli.main` inside the test process, as `python -m lockstep` would run it.
+"""`lockstep.cli.main` inside the test process, as `python -m lockstep` would run it (its
+folder first on sys.path).
 
 The same code as the console script (tests/test_cli.py starts that one for real) without a new
 interpreter importing torch for every call: a script check's ranks still start as fresh
@@ -29,19 +30,39 @@ def _captured():
         out, err = (files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(2))
         sys.stdout.flush(), sys.stderr.flush()
         saved_fds, saved_streams = [os.dup(1), os.dup(2)], (sys.stdout, sys.stderr)
+        # handlers that hold the streams of before (torch's own on the "torch" logger)
+        moved = [
+            (handler, handler.stream)
+            for handler in _stream_handlers()
+            if handler.stream in saved_streams
+        ]
         try:
             os.dup2(out.fileno(), 1)
             os.dup2(err.fileno(), 2)
             sys.stdout, sys.stderr = out, err
+            for handler, stream in moved:
+                handler.setStream(out if stream is saved_streams[0] else err)
             yield texts
         finally:
             out.flush(), err.flush()
+            for handler, stream in moved:
+                handler.setStream(stream)
             sys.stdout, sys.stderr = saved_streams
             for fd, saved in zip((1, 2), saved_fds, strict=True):
                 os.dup2(saved, fd)
                 os.close(saved)
             out.seek(0), err.seek(0)
             texts += [out.read(), err.read()]
+
+
+def _stream_handlers() -> list[logging.StreamHandler]:
+    loggers = [logging.getLogger()] + [
+        lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger)
+    ]
+    return [
+        h for lg in loggers for h in lg.handlers
+        if type(h) is logging.StreamHandler
+    ]  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -57,11 +78,16 @@ def _warnings_to_stderr():
         logging.getLogger().removeHandler(handler)
 
 
-def run_main(argv: list[str], cwd: Path, env: dict[str, str] | None = None):
-    """`lockstep *argv` in `cwd` with `env` added to the environment; a CompletedProcess."""
+def run_main(argv: list[str], cwd: Path, env: dict[str, str] | None = None, *, environ=None):
+    """`lockstep *argv` in `cwd` with `env` added to the environment (or `environ` instead of
+    it); a CompletedProcess."""
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     os.environ.update(env or {})
     os.chdir(cwd)
+    sys.path.insert(0, str(cwd))  # as `python -m lockstep` has its folder first
     try:
         with _captured() as texts, _warnings_to_stderr():
             try:
@@ -70,6 +96,7 @@ def run_main(argv: list[str], cwd: Path, env: dict[str, str] | None = None):
                 code = exc.code if isinstance(exc.code, int) else 2
         return subprocess.CompletedProcess(["lockstep", *argv], code, *texts)
     finally:
+        sys.path.remove(str(cwd))
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)

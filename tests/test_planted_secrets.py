@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from inprocess import run_main
 from lockstep.env.launcher import LAUNCHER_VARIABLES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,15 +90,20 @@ INPUTS = ("crash.py", "leaky_data.py")
 
 
 def lockstep(args: list[str], cwd: Path, env: dict) -> str:
-    result = subprocess.run(
-        [sys.executable, "-m", "lockstep", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    """The console script for the first command, the CLI's main in this process (its own
+    stdout/stderr file descriptors, environment and folder) for the others."""
+    if args[0] == "fingerprint":
+        result = subprocess.run(
+            [sys.executable, "-m", "lockstep", *args],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    else:
+        result = run_main(args, cwd, environ=env)
     # The command line itself is the test's, not lockstep's output: only the exit code is kept.
     return f"$ lockstep {args[0]} -> {result.returncode}\n{result.stdout}{result.stderr}"
 
@@ -215,7 +221,9 @@ def test_no_planted_secret_reaches_any_output(tmp_path):
     )
     assert "<redacted:" in texts["fp.json"]
     # The rank's exception and the crashing script's stderr were written, redacted.
-    assert "ConnectionError: cannot reach https://<redacted:" in texts["terminal"]
+    assert "ConnectionError: cannot reach https://<redacted:" in texts["terminal"], texts[
+        "terminal"
+    ][-6000:]
     run_log = texts[str(Path("check", "determinism-1", "run.log"))]
     assert "RuntimeError: cannot reach https://<redacted:" in run_log, run_log[-2000:]
 

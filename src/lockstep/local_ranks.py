@@ -163,20 +163,50 @@ def forkserver_context(preload: list[str] | tuple[str, ...] = ()):
     return multiprocessing.get_context("forkserver")
 
 
-def _in_environ(launcher: int, server: dict[str, str], parent: dict[str, str], fn, *args):
-    """On a forked rank: the launching process's environment of now, not the forkserver's of
-    when it started, keeping what torchelastic set for this rank; then `fn(*args)`. The rank
-    ends if the launching process `launcher` does."""
-    die_with(launcher)
-    ours = {k for k, v in os.environ.items() if server.get(k) != v}  # torchelastic's
-    for key in set(os.environ) - set(parent) - ours:
-        del os.environ[key]
-    os.environ.update({k: v for k, v in parent.items() if k not in ours})
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    if threads.isdigit() and int(threads) > 0:  # OpenMP read it at import, in the forkserver
-        import torch
+class _Launcher:
+    """The launching process as a forked rank needs it: its pid, its environment and its
+    stdout/stderr now (the forkserver has those of when it started). Pickled for the rank,
+    the two file descriptors travel as multiprocessing passes a Connection's (`DupFd`)."""
 
-        torch.set_num_threads(int(threads))
+    def __init__(self, server: dict[str, str], environ: dict[str, str], fds=None):
+        self.pid, self.server, self.environ, self.fds = os.getpid(), server, environ, fds
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+
+        fds = (reduction.DupFd(1), reduction.DupFd(2))
+        return _Launcher._rebuild, (self.pid, self.server, self.environ, fds)
+
+    @staticmethod
+    def _rebuild(pid, server, environ, fds):
+        launcher = _Launcher(server, environ, fds)
+        launcher.pid = pid
+        return launcher
+
+    def adopt(self) -> None:
+        """On the rank: the launcher's stdout/stderr and environment of now, keeping what
+        torchelastic set for this rank; the rank ends when the launcher does."""
+        die_with(self.pid)
+        if self.fds is not None:
+            sys.stdout.flush(), sys.stderr.flush()
+            for target, dup in zip((1, 2), self.fds, strict=True):
+                fd = dup.detach()
+                os.dup2(fd, target)
+                os.close(fd)
+        ours = {k for k, v in os.environ.items() if self.server.get(k) != v}  # torchelastic's
+        for key in set(os.environ) - set(self.environ) - ours:
+            del os.environ[key]
+        os.environ.update({k: v for k, v in self.environ.items() if k not in ours})
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        if threads.isdigit() and int(threads) > 0:  # OpenMP read it at import, in the server
+            import torch
+
+            torch.set_num_threads(int(threads))
+
+
+def _in_environ(launcher: _Launcher, fn, *args):
+    """A forked rank's entry point: `launcher.adopt()`, then `fn(*args)`."""
+    launcher.adopt()
     return fn(*args)
 
 
@@ -197,7 +227,7 @@ def run_local(fn, args: tuple, nproc: int, name: str, device: str, preload=(), *
     rank_environment(device, nproc)
     if device == "cpu":
         server = _forkserver(preload)
-        entry, args = _in_environ, (os.getpid(), server, dict(os.environ), fn, *args)
+        entry, args = _in_environ, (_Launcher(server, dict(os.environ)), fn, *args)
         config = standalone_config(nproc, name, start_method="forkserver", **overrides)
     else:
         entry = fn
@@ -226,13 +256,17 @@ def run_local_cli(nproc: int, argv: list[str]) -> int:
     from lockstep.errors import EXIT_FAIL, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE
 
     # The agent's own INFO/WARNING lines (and its failure dump) repeat what rank 0 prints.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    agent = logging.getLogger("torch.distributed.elastic")
+    level = agent.level
+    agent.setLevel(logging.CRITICAL)
     config = standalone_config(nproc, argv[0])
     try:
         elastic_launch(config, sys.executable)("-m", "lockstep", *argv)
     except ChildFailedError as err:
         codes = {f.exitcode for f in err.failures.values()}
         return max(codes) if codes <= {EXIT_FAIL, EXIT_USAGE, EXIT_TIMEOUT} else EXIT_TIMEOUT
+    finally:
+        agent.setLevel(level)  # a later launch in this process reports its ranks' failures
     return EXIT_OK
 
 
@@ -351,7 +385,7 @@ def run_command(argv: list[str], nproc: int, log: Path, *, env: dict, timeout: f
             raise UsageError(f"--run-path runs a Python script (script.py ...), not {argv[0]!r}")
         server = _forkserver()  # before _killer: it stays
         program = _in_environ
-        args = [os.getpid(), server, env, _run_script, str(log), str(cwd or os.getcwd()), *argv]
+        args = [_Launcher(server, env), _run_script, str(log), str(cwd or os.getcwd()), *argv]
         config = standalone_config(nproc, "script", start_method="forkserver")
     else:
         program, args = _program(argv)

@@ -1,54 +1,47 @@
 """Each engine on CPU/gloo at 2 ranks: trains, checkpoints, resumes in fresh processes to the
 same state and trajectory; the engines agree with each other; the CLI path and corrupt
-checkpoints. Two launches per engine (6-15 s each on 2 cores), shared through fixtures."""
+checkpoints. Two launches for all engines, shared through fixtures."""
 
 import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+import train_worker
 
+from inprocess import run_main
 from lockstep.cli import main
+from lockstep.local_ranks import run_local
 from lockstep.track import read as read_metrics
 from once import once
-from teardown_abort import rerun_once_on_abort
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKER = Path(__file__).with_name("train_worker.py")
 ENGINES = ["ddp", "fsdp", "zero1", "zero2", "zero3"]
 QUIET = ['logging.wandb="disabled"', "logging.progress=false"]
 # 4 steps, 2 micro batches per step, clipping active, checkpoints at steps 2 and 4.
 RUN = ["steps=4", "checkpoint.every=2", "clip.max_norm=1.0", "batch.grad_accum=2", *QUIET]
 
 
-def launch(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    # PYTHONFAULTHANDLER: a rank that dies of a signal prints its Python stack.
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    out = rerun_once_on_abort(
-        lambda: subprocess.run(
-            [*cmd, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
-        ),
-        lambda done: done.stderr,
-    )
-    assert out.returncode == 0, out.stderr[-8000:]
-    return out
-
-
 @pytest.fixture(scope="session")
 def engine_runs(tmp_path_factory):
     """engine -> (straight summary, resumed summary, state at save, state after load).
 
-    Two launches for all engines: every engine straight, then every engine resumed in fresh
+    Two launches of 2 ranks for all engines (`local_ranks.run_local`, the launcher of
+    `lockstep train --nproc`): every engine straight, then every engine resumed in new
     processes from its step-2 checkpoint; once per test run, whichever worker needs it first."""
 
     def make(base: Path) -> None:
-        for mode in ("straight", "resume"):
-            launch(str(WORKER), mode, str(base), ",".join(ENGINES), *RUN)
+        saved = dict(os.environ)  # run_local sets the ranks' variables in this process
+        try:
+            for mode in ("straight", "resume"):
+                args = (mode, str(base), ",".join(ENGINES), *RUN)
+                run_local(train_worker.main, args, 2, "engines", "cpu")
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
 
     base = once(tmp_path_factory, "engine-runs", make)
 
@@ -101,16 +94,14 @@ def test_engines_agree_with_each_other(engine_runs):
 @pytest.fixture(scope="session")
 def cli_run(tmp_path_factory):
     """`lockstep train --nproc 2` itself: metrics, checkpoints, wandb offline files."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {"OMP_NUM_THREADS": "1"}
     sets = [
         a for s in ["steps=3", "checkpoint.every=2", "logging.progress=false"] for a in ("--set", s)
     ]
 
     def make(folder: Path) -> None:
-        proc = subprocess.run(
-            [sys.executable, "-m", "lockstep", "train", "smoke/cpu-ddp.toml", "--nproc", "2", "--out", str(folder / "run"), *sets],
-            capture_output=True, text=True, timeout=300, env=env, cwd=ROOT,
-        )  # fmt: skip
+        argv = ["train", "smoke/cpu-ddp.toml", "--nproc", "2", "--out", str(folder / "run")]
+        proc = run_main([*argv, *sets], ROOT, env)
         assert proc.returncode == 0, proc.stderr[-4000:]
         (folder / "stdout").write_text(proc.stdout)
 

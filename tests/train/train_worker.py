@@ -1,4 +1,4 @@
-"""One rank of the engine tests, run under torch.distributed.run, through the public API.
+"""One rank of the engine tests, launched through torchrun's launcher API, through the public API.
 
 Runs several engines one after another in one process group, the way a warm test worker
 would, so that the suite pays the process start (6-20 s on 2 cores) twice, not per engine.
@@ -9,7 +9,6 @@ Rank 0 writes BASE/ENGINE/<mode>-state.pt (state at the checkpoint) and <mode>.j
 """
 
 import json
-import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -49,20 +48,10 @@ def run(mode: str, engine: str, base: Path, overrides: list[str]) -> None:
 
 
 def main(mode: str, base: str, engines: str, *overrides: str) -> None:
+    """One rank, started by `lockstep.local_ranks.run_local` (a process forked for this
+    launch: a resume really starts from the files on disk)."""
+    torch.distributed.init_process_group("gloo")
     for engine in engines.split(","):
         run(mode, engine, Path(base), list(overrides))
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
-
-
-if __name__ == "__main__":
-    torch.distributed.init_process_group("gloo")
-    main(*sys.argv[1:])
-    # Every result is written and every rank has passed the barrier. Leave without the
-    # interpreter's teardown, where DeepSpeed's and FSDP's lingering references to gloo groups
-    # are destroyed in arbitrary order (pytorch/pytorch#179291). One CI run of this worker
-    # ended in SIGABRT, "terminate called without an active exception"; its log did not show
-    # where, so the launch now sets PYTHONFAULTHANDLER and each engine reports when it is done.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
