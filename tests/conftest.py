@@ -17,6 +17,7 @@ RANK_MODULES = [
     "lockstep.train.engines.fsdp",
     "transformers.models.auto.modeling_auto",
     "transformers.models.gpt2.modeling_gpt2",
+    "transformers.trainer",  # examples/train_hf_trainer.py
 ]
 
 

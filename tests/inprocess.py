@@ -23,28 +23,30 @@ from lockstep.cli import main
 
 @contextlib.contextmanager
 def _captured():
-    """stdout and stderr (Python's and file descriptors 1 and 2) into two temporary files;
-    their texts land in the list it yields when the block ends."""
+    """File descriptors 1 and 2 into two temporary files, and Python's stdout and stderr (and
+    the logging handlers that held the old ones: torch's own) writing to those descriptors, as
+    in a process of its own; their texts land in the list it yields when the block ends."""
     texts: list[str] = []
     with contextlib.ExitStack() as files:
         out, err = (files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(2))
         sys.stdout.flush(), sys.stderr.flush()
         saved_fds, saved_streams = [os.dup(1), os.dup(2)], (sys.stdout, sys.stderr)
-        # handlers that hold the streams of before (torch's own on the "torch" logger)
         moved = [
             (handler, handler.stream)
             for handler in _stream_handlers()
             if handler.stream in saved_streams
         ]
+        streams = [open(fd, "w", buffering=1, closefd=False) for fd in (1, 2)]  # noqa: SIM115
         try:
             os.dup2(out.fileno(), 1)
             os.dup2(err.fileno(), 2)
-            sys.stdout, sys.stderr = out, err
+            sys.stdout, sys.stderr = streams
             for handler, stream in moved:
-                handler.setStream(out if stream is saved_streams[0] else err)
+                handler.setStream(streams[0] if stream is saved_streams[0] else streams[1])
             yield texts
         finally:
-            out.flush(), err.flush()
+            for stream in streams:
+                stream.flush()
             for handler, stream in moved:
                 handler.setStream(stream)
             sys.stdout, sys.stderr = saved_streams

@@ -334,7 +334,8 @@ def _exit_through_return(code: int = 0):
 
 def _run_script(log: str, cwd: str, script: str, *args: str) -> None:
     """On a forked rank: run `script` as `__main__` with `args`, as `python -u script args`
-    would in `cwd` (its folder first on sys.path), its output appended to `log`."""
+    would in `cwd` (its folder first on sys.path; `-m module args`: the module, `cwd` first),
+    its output appended to `log`."""
     import faulthandler
     import runpy
 
@@ -344,11 +345,17 @@ def _run_script(log: str, cwd: str, script: str, *args: str) -> None:
     if os.environ.get("PYTHONFAULTHANDLER"):
         faulthandler.enable()
     os.chdir(cwd)
-    sys.argv = [script, *args]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     os._exit = _exit_through_return
+    if script == "-m":
+        sys.argv = list(args)  # runpy puts the module's file first, as python -m does
+        sys.path.insert(0, cwd)
+        run = lambda: runpy.run_module(args[0], run_name="__main__", alter_sys=True)  # noqa: E731
+    else:
+        sys.argv = [script, *args]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+        run = lambda: runpy.run_path(script, run_name="__main__")  # noqa: E731
     try:
-        runpy.run_path(script, run_name="__main__")
+        run()
     except SystemExit:
         raise
     except BaseException:
@@ -381,7 +388,7 @@ def run_command(argv: list[str], nproc: int, log: Path, *, env: dict, timeout: f
     from lockstep.redact import scrubbed_log
 
     if run_path:
-        if not argv[0].endswith(".py"):
+        if not (argv[0].endswith(".py") or argv[0] == "-m"):
             raise UsageError(f"--run-path runs a Python script (script.py ...), not {argv[0]!r}")
         server = _forkserver()  # before _killer: it stays
         program = _in_environ

@@ -186,5 +186,5 @@ def test_deepspeed_launcher_passes_local_rank(tmp_path):
     proc, results = check("replicas", "--script", script, "--launcher", "deepspeed", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert results[0]["passed"]
-    proc, _ = check("replicas", "--script", script, cwd=tmp_path)  # torchrun: no --local_rank
+    proc, _ = check("replicas", "--script", script, "--run-path", cwd=tmp_path)  # no --local_rank
     assert proc.returncode == 2 and "--local_rank" in proc.stderr

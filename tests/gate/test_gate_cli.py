@@ -17,7 +17,9 @@ from lockstep.cli import main
 
 SCRIPT = Path(__file__).with_name("gate_script.py")
 COMMAND = f"{shlex.quote(sys.executable)} {shlex.quote(str(SCRIPT))}"
-JOB = ["--script", COMMAND, "--nproc", 2, "--steps", 6]  # 6 steps on 2 gloo ranks
+# 6 steps on 2 gloo ranks forked from a process that imported torch (--run-path); the abort
+# and A/B tests launch new interpreters (COMMAND)
+JOB = ["--script", str(SCRIPT), "--run-path", "--nproc", 2, "--steps", 6]
 
 
 def gate(*args) -> int:

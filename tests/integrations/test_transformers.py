@@ -17,8 +17,10 @@ SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_hf_trainer.py
 
 def test_trainer_script_passes_every_check(tmp_path):
     out, runs = tmp_path / "result.json", tmp_path / "runs"
+    # --run-path: ranks forked from a process that imported torch and transformers' Trainer
+    # once (tests/conftest.py), not 11 new interpreters importing them
     argv = ["check", "all", "--script", str(SCRIPT), "--steps", "4", "--out", str(runs),
-            "--json", str(out)]  # fmt: skip
+            "--json", str(out), "--run-path"]  # fmt: skip
 
     def launch():
         shutil.rmtree(runs, ignore_errors=True)

@@ -93,6 +93,12 @@ def _job_args(p, named: bool = True) -> None:
     p.add_argument("--dir", type=Path, default=Path(DEFAULT_DIR), help="goldens' folder (gates)")
     p.add_argument("--workdir", type=Path, help="keep each run's folder here (default: temp)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run (1800)")
+    p.add_argument(
+        "--run-path",
+        action="store_true",
+        help="as torchrun --run-path: ranks forked from a process that imported torch run the "
+        "script (or -m module) with runpy; faster on CPU (README, 'Check your own script')",
+    )
 
 
 def _report_args(p, plots: bool = True) -> None:
@@ -112,6 +118,7 @@ def _job(args):
         overrides=args.overrides,
         command=args.script,
         timeout=args.timeout,
+        run_path=args.run_path,
     )
 
 
@@ -193,6 +200,13 @@ def run_check(args: argparse.Namespace) -> int:
     notes = []
     if job.digest() != result.golden.header.get("config_digest"):
         notes.append("the job's config or script differs from the one the golden was recorded with")
+    recorded_run_path = bool(result.golden.header.get("job", {}).get("run_path"))
+    if job.run_path != recorded_run_path:
+        how = {True: "with --run-path", False: "without --run-path"}
+        notes.append(
+            f"the golden was recorded {how[recorded_run_path]}, this run is {how[job.run_path]}: "
+            "peak RSS differs between forked ranks and new interpreters"
+        )
     return _finish(args, result, f"gate {args.name} [{result.golden.env_key}]", refresh, notes)
 
 
@@ -274,12 +288,16 @@ def _write_reports(args, title, findings, notes, images, payload) -> None:
 
 
 def run_ab(args: argparse.Namespace) -> int:
+    from lockstep.errors import UsageError
     from lockstep.gate import ab, report
 
     if not 0 < args.alpha < 1 or args.threshold <= 0:
-        from lockstep.errors import UsageError
-
         raise UsageError("--alpha must be in (0, 1) and --threshold above 0")
+    if args.run_path:
+        raise UsageError(
+            "gate ab runs the base tree's code, which a forkserver holding this tree's "
+            "lockstep cannot: drop --run-path"
+        )
     comparisons, findings = ab.run_ab(
         _job(args), args.base, args.rounds, args.threshold, args.alpha, args.workdir, _progress
     )

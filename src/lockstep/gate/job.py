@@ -46,6 +46,7 @@ class Job:
     overrides: list[str] = field(default_factory=list)
     command: str | None = None
     timeout: float = 1800.0
+    run_path: bool = False  # ranks forked from a process that imported torch (local_ranks)
 
     def __post_init__(self) -> None:
         if (self.config is None) == (self.command is None):
@@ -85,12 +86,14 @@ class Job:
         }
 
     def describe(self) -> dict:
+        how = {"run_path": True} if self.run_path else {}
         if self._cfg is None:
             return {
                 "kind": "script",
                 "command": scrub_text(self.command),
                 "nproc": self.nproc,
                 "steps": self.steps,
+                **how,
             }
         return {
             "kind": "config",
@@ -98,6 +101,7 @@ class Job:
             "overrides": self.overrides,
             "nproc": self.nproc,
             "steps": self.steps,
+            **how,
         }
 
     def digest(self) -> str:
@@ -120,7 +124,7 @@ class Job:
             parts = [shlex.quote(str(self.config))]
             parts += [f"--set {shlex.quote(o)}" for o in self.overrides]
         parts += [f"--nproc {self.nproc}", f"--steps {self.steps}"]
-        return " ".join(parts)
+        return " ".join(parts + (["--run-path"] if self.run_path else []))
 
     # ------------------------------------------------------------------ running it
 
@@ -130,6 +134,11 @@ class Job:
         """One launch in `workdir` (fresh). For another version of the code, `tree` is its
         repository root (its `src/` goes first on PYTHONPATH) and `cwd` the folder that
         relative paths in the command or config refer to there."""
+        if self.run_path and tree is not None:
+            raise UsageError(
+                "--run-path forks ranks from a process that imported this tree's lockstep; "
+                "an A/B run of another tree needs new interpreters: drop --run-path"
+            )
         workdir.mkdir(parents=True, exist_ok=True)
         metrics = workdir / "metrics.jsonl"
         metrics.unlink(missing_ok=True)
@@ -164,7 +173,7 @@ class Job:
             return monitor
 
         code = run_command(argv, self.nproc, log, env=env, timeout=self.timeout, cwd=cwd,
-                           watch=watch)  # fmt: skip
+                           watch=watch, run_path=self.run_path)  # fmt: skip
         if code is None:
             ranks = ", ".join(sorted(monitor.rss)) or "no rank had started"
             raise RankTimeout(

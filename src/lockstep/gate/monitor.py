@@ -3,7 +3,8 @@
 A script that logs only `step` and `loss` still gets memory and time gates: a sampler thread
 walks the launching process's tree every 50 ms and keeps each process's largest resident set
 (and its GPU memory through NVML where there is a GPU). A rank is named by the `RANK` its
-launcher put in its environment; processes without one (the launcher) are left out.
+launcher put in its environment; processes without one (the launcher) are named by pid, and
+those the launching process had before the launch are left out.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ INTERVAL_S = 0.05
 class TreeMonitor:
     def __init__(self, pid: int):
         self.root = psutil.Process(pid)
+        # processes it already had (a forkserver, an earlier job's leftovers) are not this job's
+        self._before = {p.pid for p in self.root.children(recursive=True)}
         self.rss: dict[str, int] = {}
         self.gpu: dict[str, int] = {}
         self._labels: dict[int, str] = {}
@@ -49,6 +52,7 @@ class TreeMonitor:
             children = self.root.children(recursive=True)
         except psutil.Error:
             return
+        children = [p for p in children if p.pid not in self._before]
         for proc in children:
             try:
                 label = self._label(proc)
