@@ -207,3 +207,14 @@ def test_ab_alternates_base_and_head_trees(tmp_path, monkeypatch):
     assert step["regression"] and code == 1
     listed = subprocess.run([*git, "worktree", "list"], capture_output=True, text=True).stdout
     assert len(listed.strip().splitlines()) == 1  # the base worktree is gone
+
+
+def test_a_golden_recorded_with_run_path_says_so_to_a_check_without(tmp_path, capsys):
+    """Forked ranks and new interpreters have different resident sets: a check launched the
+    other way than the golden was recorded names it (one rank, 3 steps: one launch each)."""
+    job = ["--script", str(SCRIPT), "--nproc", 1, "--steps", 3, "--dir", tmp_path]
+    assert gate("record", "how", *job, "--run-path", "--repeats", 1) == 0
+    capsys.readouterr()
+    gate("check", "how", *job)  # the RSS gate may fail on it: the note says why
+    out = capsys.readouterr().out
+    assert "the golden was recorded with --run-path, this run is without --run-path" in out
