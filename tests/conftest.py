@@ -7,36 +7,31 @@ import os
 
 import pytest
 
-# What the ranks of this tier import, for the forkserver every CPU rank forks from: the
-# trainer and its engines, the tiny GPT-2 presets' modules, and on a machine without GPUs
-# DeepSpeed (its import probes for CUDA otherwise, which a forked rank could not then use).
-RANK_MODULES = [
-    "lockstep.train.trainer",
-    "lockstep.checks.harness",
-    "lockstep.train.engines.ddp",
-    "lockstep.train.engines.fsdp",
-    "transformers.models.auto.modeling_auto",
-    "transformers.models.gpt2.modeling_gpt2",
-    "transformers.trainer",  # examples/train_hf_trainer.py
-]
-
 
 @pytest.fixture(scope="session", autouse=True)
 def forkserver():
     """Start this pytest process's forkserver once, with everything the tier's ranks import
     (otherwise the first test to need it decides what it preloads, the plugin's pools only
-    torch): `lockstep.local_ranks.forkserver_context`."""
+    torch): `lockstep.local_ranks.forkserver_context`. The modules are the trainer's, every
+    engine's (DeepSpeed only on a machine without GPUs: its import probes for CUDA otherwise,
+    which a forked rank could not then use), the default preset's and transformers' Trainer
+    (examples/train_hf_trainer.py)."""
     import torch
 
     from lockstep.local_ranks import forkserver_context
+    from lockstep.train.config import ENGINES, ModelConfig
+    from lockstep.train.engines import engine_modules
+    from lockstep.train.model import model_modules
 
-    modules = list(RANK_MODULES)
+    gpu = torch.cuda.is_available()
+    engines = [e for e in ENGINES if not (gpu and e.startswith("zero"))]
+    modules = ["lockstep.train.trainer", "lockstep.checks.harness", "transformers.trainer"]
+    modules += [m for e in engines for m in engine_modules(e)] + model_modules(ModelConfig())
     saved = dict(os.environ)
-    if not torch.cuda.is_available():
+    if not gpu:
         os.environ["DS_ACCELERATOR"] = "cpu"  # the server's own environment only
-        modules += ["lockstep.train.engines.zero", "deepspeed"]
     try:
-        forkserver_context(modules)
+        forkserver_context(list(dict.fromkeys(modules)))
     finally:
         os.environ.clear()
         os.environ.update(saved)

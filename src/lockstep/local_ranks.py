@@ -168,20 +168,14 @@ class _Launcher:
     stdout/stderr now (the forkserver has those of when it started). Pickled for the rank,
     the two file descriptors travel as multiprocessing passes a Connection's (`DupFd`)."""
 
-    def __init__(self, server: dict[str, str], environ: dict[str, str], fds=None):
-        self.pid, self.server, self.environ, self.fds = os.getpid(), server, environ, fds
+    def __init__(self, server: dict[str, str], environ: dict[str, str], pid=None, fds=None):
+        self.server, self.environ, self.pid, self.fds = server, environ, pid or os.getpid(), fds
 
     def __reduce__(self):
         from multiprocessing import reduction
 
         fds = (reduction.DupFd(1), reduction.DupFd(2))
-        return _Launcher._rebuild, (self.pid, self.server, self.environ, fds)
-
-    @staticmethod
-    def _rebuild(pid, server, environ, fds):
-        launcher = _Launcher(server, environ, fds)
-        launcher.pid = pid
-        return launcher
+        return _Launcher, (self.server, self.environ, self.pid, fds)
 
     def adopt(self) -> None:
         """On the rank: the launcher's stdout/stderr and environment of now, keeping what
@@ -320,16 +314,12 @@ def _killer():
     return kill
 
 
-class _ScriptExit(SystemExit):
-    """`os._exit(code)` called by a script run in a forked rank (`run_path`)."""
-
-
 def _exit_through_return(code: int = 0):
     """`os._exit` for a script in a forked rank: torchelastic's function mode needs the rank's
     function to return (an exit without its return value looks like a rank still running), and
     the rank process itself then ends with `os._exit`, without Python's finalization."""
     sys.stdout.flush(), sys.stderr.flush()
-    raise _ScriptExit(code)
+    raise SystemExit(code)
 
 
 def _run_script(log: str, cwd: str, script: str, *args: str) -> None:

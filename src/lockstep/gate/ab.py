@@ -186,6 +186,11 @@ def run_ab(
     progress=print,
 ):
     """Check out `ref`, alternate, judge. Returns (comparisons, findings)."""
+    if job.run_path:  # forked ranks would run the base tree's script with this tree's lockstep
+        raise UsageError(
+            "gate ab runs the base tree's code, which a forkserver holding this tree's "
+            "lockstep cannot: drop --run-path"
+        )
     head_tree = repo_root(Path.cwd())
     tmp = Path(tempfile.mkdtemp(prefix="lockstep-ab-"))
     base_tree = worktree(head_tree, ref, tmp)

@@ -288,16 +288,12 @@ def _write_reports(args, title, findings, notes, images, payload) -> None:
 
 
 def run_ab(args: argparse.Namespace) -> int:
-    from lockstep.errors import UsageError
     from lockstep.gate import ab, report
 
     if not 0 < args.alpha < 1 or args.threshold <= 0:
+        from lockstep.errors import UsageError
+
         raise UsageError("--alpha must be in (0, 1) and --threshold above 0")
-    if args.run_path:
-        raise UsageError(
-            "gate ab runs the base tree's code, which a forkserver holding this tree's "
-            "lockstep cannot: drop --run-path"
-        )
     comparisons, findings = ab.run_ab(
         _job(args), args.base, args.rounds, args.threshold, args.alpha, args.workdir, _progress
     )

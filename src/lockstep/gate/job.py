@@ -134,11 +134,6 @@ class Job:
         """One launch in `workdir` (fresh). For another version of the code, `tree` is its
         repository root (its `src/` goes first on PYTHONPATH) and `cwd` the folder that
         relative paths in the command or config refer to there."""
-        if self.run_path and tree is not None:
-            raise UsageError(
-                "--run-path forks ranks from a process that imported this tree's lockstep; "
-                "an A/B run of another tree needs new interpreters: drop --run-path"
-            )
         workdir.mkdir(parents=True, exist_ok=True)
         metrics = workdir / "metrics.jsonl"
         metrics.unlink(missing_ok=True)

@@ -33,10 +33,10 @@ How it runs
     every later test with the same world size and backend: gloo ranks are forked from a
     forkserver that imported torch (with ``torch._dynamo``) and ``torch.distributed`` once
     and never ran a torch op, so a rank starts in a fraction of a second and may still use
-    CUDA itself; nccl ranks use the spawn start method (never fork). They meet through a FileStore in a per-pool temporary directory, so no port is
-    fixed and pytest-xdist workers or concurrent sessions never collide (MASTER_ADDR and
-    MASTER_PORT are still set, to a port the OS just handed out, for code that expects
-    torchrun's variables). Before each test every rank takes the pytest process's
+    CUDA itself; nccl ranks use the spawn start method (never fork). They meet through a
+    FileStore in a per-pool temporary directory, so no port is fixed and pytest-xdist
+    workers or concurrent sessions never collide (MASTER_ADDR and MASTER_PORT are still set,
+    to a port the OS just handed out, for code that expects torchrun's variables). Before each test every rank takes the pytest process's
     environment (plus RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT, and
     OMP_NUM_THREADS=1 unless set), working directory and ``sys.path``, then all ranks meet in
     a barrier. After each test a rank destroys the process groups the test created (and sets
