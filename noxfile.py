@@ -86,6 +86,8 @@ def locked_venv(session: nox.Session, lock: str) -> Path:
             (lock_without((SDIST,), lock), [], {}),
             (lock_subset((SDIST,), lock), ["--no-deps", *sdist_flags(build)], build),
         ]
+        if build:  # DS_ENABLE_NINJA runs the venv's own ninja, which is not on PATH yet
+            build["PATH"] = os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])
         session.run(*pip, *tools, external=True)
         for part, extra, env in parts:
             install = ["--require-hashes", "--no-build-isolation", *extra, "-r", str(part)]
@@ -124,10 +126,20 @@ def deepspeed_build_env(lock: str) -> dict:
     """Build switches for DeepSpeed's sdist. On the CPU lock its CPU accelerator's shared-memory
     op (deepspeed_shm_comm) is compiled into the wheel (DeepSpeed's own DS_BUILD_* switch), so
     no rank JIT-compiles it on its first start: that compile took about 140 CPU-seconds on a
-    fresh 2-core machine, with every other DeepSpeed rank waiting on its lock."""
+    fresh 2-core machine, with every other DeepSpeed rank waiting on its lock.
+
+    DS_ENABLE_NINJA (DeepSpeed's switch; its setup.py turns ninja off otherwise) compiles the
+    op's two sources side by side, and CFLAGS=-g0 drops the debug information Python's own
+    CFLAGS ask for: the build took 98 s and a 15 MB op, now 48 s and 0.3 MB on 2 cores."""
     if lock != "cpu":
         return {}
-    return {"DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0", "DS_BUILD_SHM_COMM": "1"}
+    return {
+        "DS_ACCELERATOR": "cpu",
+        "DS_BUILD_OPS": "0",
+        "DS_BUILD_SHM_COMM": "1",
+        "DS_ENABLE_NINJA": "1",
+        "CFLAGS": "-g0",
+    }
 
 
 def sdist_flags(env: dict) -> list[str]:

@@ -33,6 +33,7 @@ awk '/^[^ #]/ { keep = !/^deepspeed==/ } keep' "$lock" >/tmp/without-sdist.txt
 "${pip[@]}" --require-hashes --no-build-isolation -r /tmp/without-sdist.txt
 # DeepSpeed last, against the torch now installed, so the DS_BUILD_* switches the stage sets
 # (the CPU image: its shared-memory op) compile ops into the wheel instead of at job start.
-"${pip[@]}" --require-hashes --no-deps --no-build-isolation -r /tmp/sdist.txt
+# The venv's bin/ on PATH: DS_ENABLE_NINJA builds with the lock's ninja installed there.
+PATH="$venv/bin:$PATH" "${pip[@]}" --require-hashes --no-deps --no-build-isolation -r /tmp/sdist.txt
 "$venv/bin/pip" check
 rm -rf /tmp/build-tools.txt /tmp/sdist.txt /tmp/without-sdist.txt
