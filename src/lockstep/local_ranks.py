@@ -121,14 +121,15 @@ _forkserver_environ: dict[str, str] | None = None
 
 
 def _forkserver(preload: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
-    """Start this process's forkserver with `BASE_PRELOAD` and `preload` imported (once; later
-    calls reuse it, whatever they preload); the environment it started with."""
+    """Start this process's forkserver with `BASE_PRELOAD` and `preload` imported, then frozen
+    out of the garbage collector's reach (`lockstep.gc_freeze`); once: later calls reuse it,
+    whatever they preload. Returns the environment it started with."""
     global _forkserver_environ
     if _forkserver_environ is None:
         from multiprocessing import forkserver
 
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([*BASE_PRELOAD, *preload])
+        context.set_forkserver_preload([*BASE_PRELOAD, *preload, "lockstep.gc_freeze"])
         _forkserver_environ = dict(os.environ)
         forkserver.ensure_running()
     return _forkserver_environ
