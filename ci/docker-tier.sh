@@ -14,6 +14,10 @@
 #      manifest and labels agree; `lockstep preflight --nproc 2`; a 2-rank ZeRO smoke training.
 # Where Docker cannot start, this fails loudly; it never skips.
 #
+# `ci/docker-tier.sh --prepare` does steps 1 to 3 and builds the image's first stage (its apt
+# packages) into the build cache, then stops: what waits on the network, so that `.ci/run`
+# can do it while the tests' venv installs; the tier proper then finds it all cached.
+#
 # Cached between runs under $LOCKSTEP_DOCKER_CACHE (default ~/.cache/lockstep/docker): the
 # base rootfs tarball, the wheelhouse (keyed by the lock's digest), buildx, the engine's data
 # root (its build cache) and the local registry's storage. A fresh machine has none of it.
@@ -25,6 +29,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+PREPARE=
+case ${1:-} in
+--prepare) PREPARE=1 ;;
+"") ;;
+*)
+	echo "usage: ci/docker-tier.sh [--prepare]" >&2
+	exit 2
+	;;
+esac
 # shellcheck source=ci/cache-verify.sh
 source ci/cache-verify.sh
 
@@ -62,8 +75,8 @@ cleanup() {
 	for pid in "${BG_PIDS[@]}"; do kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; done
 	if [[ -n $DOCKERD_PID ]]; then
 		# Keep this run's image (the next run's layers); drop superseded tags, whatever that
-		# leaves dangling, and BuildKit cache beyond a bound.
-		docker images --format '{{.Repository}}:{{.Tag}}' |
+		# leaves dangling, and BuildKit cache beyond a bound. A --prepare run built no image.
+		[[ -n $PREPARE ]] || docker images --format '{{.Repository}}:{{.Tag}}' |
 			grep -E '(^|/)lockstep-cpu(-build)?:' |
 			grep -vxF -e "${image:-none}" |
 			xargs -r docker rmi >/dev/null 2>&1
@@ -314,6 +327,16 @@ IMAGE=$image "$PYTHON" - "$RUN_DIR/bake-print.json" <<-'EOF' || die "docker-bake
 	    sys.exit(f"bake resolves differently: {bad}")
 	print(f"bake: cpu -> {cpu['tags'][0]}, cuda -> {cuda['tags'][0]}")
 EOF
+if [[ -n $PREPARE ]]; then
+	step "docker buildx build, the cpu-base stage (apt packages, into the build cache)"
+	docker buildx build --progress plain --network host -f docker/Dockerfile --target cpu-base \
+		--platform linux/amd64 --build-arg CPU_BASE_IMAGE . >"$CACHE/last-prepare.log" 2>&1 || {
+		tail -20 "$CACHE/last-prepare.log" >&2
+		die "docker buildx build --target cpu-base failed (log: $CACHE/last-prepare.log)"
+	}
+	step "prepared: engine, base image, wheelhouse, buildx and the cpu-base stage"
+	exit 0
+fi
 step "docker buildx build, the cpu target ($image)"
 : >"$CACHE/last-build.log"
 # Bake's HCL is the interface for real registries; buildx 0.13 (Debian's) has no `network` key
