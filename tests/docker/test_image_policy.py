@@ -177,6 +177,11 @@ def test_final_stage_labels_and_non_root_user(variant):
         assert f"{key}=" in labels
     users = [rest for instruction, rest in final if instruction == "USER"]
     assert users and users[-1].split(":")[0] not in ("0", "root")
+    # It starts from the venv's stage, layers as built (a copy would be exported and pushed
+    # again); that stage's build switches are build arguments, so the image does not keep them.
+    assert final[0][1].split()[0] == f"{variant}-build"
+    build_env = " ".join(rest for ins, rest in stages()[f"{variant}-build"] if ins == "ENV")
+    assert "DS_BUILD" not in build_env and "CFLAGS" not in build_env
 
 
 def _copy_tree_for_tags(tmp_path: Path) -> Path:
