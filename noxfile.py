@@ -90,8 +90,7 @@ def locked_venv(session: nox.Session, lock: str) -> Path:
             build["PATH"] = os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])
         session.run(*pip, *tools, external=True)
         for part, extra, env in parts:
-            install = ["--require-hashes", "--no-build-isolation", "--no-compile", *extra]
-            install += ["-r", str(part)]
+            install = ["--require-hashes", "--no-build-isolation", *extra, "-r", str(part)]
             try:
                 session.run(*pip, *install, external=True, env=env)
             except nox.command.CommandFailed:
@@ -102,20 +101,6 @@ def locked_venv(session: nox.Session, lock: str) -> Path:
                 session.log(f"retrying with PyTorch's CPU wheel index {TORCH_CPU_INDEX}")
                 index = ["--extra-index-url", TORCH_CPU_INDEX]
                 session.run(*pip, *install, *index, external=True, env=env)
-        # pip byte-compiles one file at a time (38 of its 62 s on 2 cores); compileall does the
-        # same files on every core. As with pip, what does not compile (test data written for a
-        # newer Python) stays uncompiled: compileall then exits 1.
-        session.run(
-            python,
-            "-m",
-            "compileall",
-            "-qq",
-            "-j",
-            "0",
-            str(venv / "lib"),
-            external=True,
-            success_codes=[0, 1],
-        )
         # Remove whatever an older lock installed and this one does not hold.
         session.run(
             python,
@@ -352,22 +337,11 @@ def gate(session: nox.Session) -> None:
         out = GATE_OUT / name
         try:
             session.run(
-                bin_dir / "lockstep",
-                "gate",
-                "check",
-                name,
-                *job,
-                "--json",
-                str(out / "report.json"),
-                "--junit",
-                str(out / "junit.xml"),
-                "--plot",
-                str(out / "plots"),
-                "--candidate",
-                str(GATE_OUT / "candidates"),
-                *session.posargs,
-                external=True,
-            )
+                bin_dir / "lockstep", "gate", "check", name, *job,
+                "--json", str(out / "report.json"), "--junit", str(out / "junit.xml"),
+                "--plot", str(out / "plots"), "--candidate", str(GATE_OUT / "candidates"),
+                *session.posargs, external=True,
+            )  # fmt: skip
         except nox.command.CommandFailed:
             failed.append(name)
     if failed:
