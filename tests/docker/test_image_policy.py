@@ -117,6 +117,10 @@ def test_image_installs_its_lock_byte_for_byte_with_hashes(variant):
     lock_run = [i for i, (ins, rest) in enumerate(build) if ins == "RUN" and lock_in_image in rest]
     assert source and lock_run and lock_run[0] < source[0]
     assert runs[-1] == "/opt/lockstep/build/install-lock.sh --source /tmp/lockstep-src"
+    # torch first, in a layer of its own, and the pattern names exactly that one pin
+    assert runs[0] == f"/opt/lockstep/build/install-lock.sh {lock_in_image} --only '^torch=='"
+    lock_text = (ROOT / "requirements" / f"{variant}.txt").read_text()
+    assert len(re.findall(r"^torch==", lock_text, flags=re.M)) == 1
     # The final image carries that same file (from the build stage) and nothing else installs.
     manifest = stages()[f"{variant}-manifest"]
     assert ("COPY", f"--from={variant}-build {lock_in_image} {lock_in_image}") in manifest
