@@ -75,7 +75,7 @@ cleanup() {
 	for pid in "${BG_PIDS[@]}"; do kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; done
 	if [[ -n $DOCKERD_PID ]]; then
 		# Keep this run's image (the next run's layers); drop superseded tags, whatever that
-		# leaves dangling, and BuildKit cache beyond a bound. A --prepare run built no image.
+		# leaves dangling, and BuildKit cache beyond a bound. A --prepare run leaves its tags to the tier proper.
 		[[ -n $PREPARE ]] || docker images --format '{{.Repository}}:{{.Tag}}' |
 			grep -E '(^|/)lockstep-cpu(-build|-base)?:' |
 			grep -vxF -e "${image:-none}" |

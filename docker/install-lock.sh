@@ -36,17 +36,17 @@ lock=$1
 # One pinned block of the lock: its `name==` line and the indented hash and via lines under it.
 block() { awk -v want="$1" '/^[^ #]/ { keep = ($0 ~ want) } keep' "$lock"; }
 block '^(pip|setuptools|wheel)==' >/tmp/build-tools.txt
-block '^(deepspeed)==' >/tmp/sdist.txt
-awk '/^[^ #]/ { keep = !/^deepspeed==/ } keep' "$lock" >/tmp/without-sdist.txt
 "${pip[@]}" --require-hashes --no-deps -r /tmp/build-tools.txt
 if [[ ${2:-} == --only ]]; then
 	block "$3" >/tmp/only.txt
 	grep -q '^[^ #]' /tmp/only.txt || { echo "install-lock.sh: no pin of $lock matches $3" >&2; exit 2; }
 	"${pip[@]}" --no-compile --require-hashes --no-deps -r /tmp/only.txt
 	compile_venv
-	rm -f /tmp/build-tools.txt /tmp/only.txt /tmp/sdist.txt /tmp/without-sdist.txt
+	rm -f /tmp/build-tools.txt /tmp/only.txt
 	exit 0
 fi
+block '^(deepspeed)==' >/tmp/sdist.txt
+awk '/^[^ #]/ { keep = !/^deepspeed==/ } keep' "$lock" >/tmp/without-sdist.txt
 "${pip[@]}" --no-compile --require-hashes --no-build-isolation -r /tmp/without-sdist.txt
 # DeepSpeed last, against the torch now installed, so the DS_BUILD_* switches the stage sets
 # (the CPU image: its shared-memory op) compile ops into the wheel instead of at job start.
