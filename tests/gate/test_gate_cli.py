@@ -145,6 +145,22 @@ def test_refresh_shows_what_moves_and_keeps_the_old_file_on_failure(
     assert json.loads(target.read_text())["repeats"] == 1
 
 
+def test_refresh_replaces_an_unreadable_golden(recorded, tmp_path, capsys):
+    """The advice for a broken golden is `gate refresh`, which used to read the broken file
+    first and fail the same way; now it says what was wrong and writes a good one."""
+    _, path = recorded
+    target = tmp_path / "gates" / "demo" / path.name
+    target.parent.mkdir(parents=True)
+    target.write_text(path.read_text().replace('"step": 2,', '"step": "two",', 1))
+    assert gate("compare", target, tmp_path / "unused.jsonl") == 2
+    assert 'rows[1].step is "two", not an integer' in capsys.readouterr().err
+    assert gate("refresh", "demo", *JOB, "--repeats", 1, "--dir", tmp_path / "gates") == 0
+    captured = capsys.readouterr()
+    assert "it replaced an unreadable golden" in captured.out, captured.out
+    assert 'rows[1].step is "two"' in captured.out
+    assert [row["step"] for row in json.loads(target.read_text())["rows"]] == [1, 2, 3, 4, 5, 6]
+
+
 def test_the_gloo_abort_at_exit_is_a_note_and_an_abort_mid_run_fails(tmp_path, capsys, monkeypatch):
     """libstdc++'s std::terminate after a complete run (gloo's abort at interpreter exit) counts
     as finished, with a note; the same abort while steps remain fails the job. One rank, 3 steps,

@@ -6,6 +6,7 @@ import math
 import subprocess
 import xml.etree.ElementTree as ET
 from itertools import combinations
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from lockstep.gate.compare import compare
 from lockstep.gate.plot import plot_all
 from lockstep.gate.run import Run, read_rows, summary
 
+ROOT = Path(__file__).resolve().parents[2]
 HEADER = {"name": "unit", "env_key": "k", "machine": "m"}
 
 
@@ -137,6 +139,116 @@ def test_nan_is_refused_at_record_time_and_in_a_golden_file(tmp_path):
 def test_steps_must_match_between_repeats():
     with pytest.raises(UsageError, match=r"repeat 2 logged steps 1\.\.3"):
         golden.build([run([1.0, 0.5]), run([1.0, 0.5, 0.4])], HEADER)
+
+
+def _edited(tmp_path, edit):
+    """A golden written by lockstep, then edited by hand as `edit(data)` does."""
+    path = golden.write(golden.build([run([1.0, 0.9, 0.8])] * 2, HEADER), tmp_path / "g.json")
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
+def _set(target, key, value):
+    target[key] = value
+
+
+BROKEN = {
+    "row without step": (lambda d: d["rows"][1].pop("step"), 'rows[1] has no "step"'),
+    "loss is text": (
+        lambda d: _set(d["rows"][2], "loss", "abc"),
+        'rows[2] (step 3).loss is "abc", not a number',
+    ),
+    "loss is true": (
+        lambda d: _set(d["rows"][0], "loss", True),
+        "rows[0] (step 1).loss is true, not a number",
+    ),
+    "spread is null": (
+        lambda d: _set(d["rows"][0], "spread", None),
+        "rows[0] (step 1).spread is null, not an object",
+    ),
+    "spread value is text": (
+        lambda d: _set(d["rows"][0]["spread"], "loss", "x"),
+        'rows[0] (step 1).spread.loss is "x", not a number >= 0',
+    ),
+    "no curves": (lambda d: d.pop("curves"), "curves is missing"),
+    "no perf": (lambda d: d.pop("perf"), "perf is missing"),
+    "curves is a list": (lambda d: _set(d, "curves", []), "curves is [], not an object"),
+    "tolerance is text": (
+        lambda d: _set(d["curves"]["loss"], "tol_rel", "1%"),
+        'curves.loss.tol_rel is "1%", not a finite number >= 0',
+    ),
+    "budget is negative": (
+        lambda d: _set(d["curves"]["loss"], "budget", -1),
+        "curves.loss.budget is -1, not an integer >= 0",
+    ),
+    "perf center is null": (
+        lambda d: _set(d["perf"]["step_time_s"], "center", None),
+        "perf.step_time_s.center is null, not a number",
+    ),
+    "perf threshold both gone": (
+        lambda d: _set(d["perf"]["step_time_s"], "threshold_rel", None),
+        "perf.step_time_s.threshold_rel and threshold_abs are both missing",
+    ),
+    "curve metric lost at a step": (
+        lambda d: d["rows"][1].pop("loss"),
+        "rows[1] (step 2) has no loss, which 'curves' gates",
+    ),
+    "steps out of order": (
+        lambda d: _set(d["rows"][2], "step", 2),
+        "rows[2].step is 2, not after the previous row's step 2",
+    ),
+    "no rows": (lambda d: _set(d, "rows", []), "rows is [], not a list of steps"),
+    "gates nothing": (
+        lambda d: d.update(curves={}, perf={}),
+        "it gates nothing (no curve in 'curves', no gated figure in 'perf')",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_a_hand_edited_golden_is_one_line_naming_file_and_field(case, tmp_path, capsys):
+    """Each of these raised KeyError/TypeError/ValueError in compare, or (curves {} and perf
+    {}) passed any run with nothing checked; now `gate compare` exits 2 with one line."""
+    edit, field = BROKEN[case]
+    path = _edited(tmp_path, edit)
+    metrics = tmp_path / "m.jsonl"
+    metrics.write_text("".join(json.dumps({"step": i, "loss": 1.0}) + "\n" for i in (1, 2, 3)))
+    assert main(["gate", "compare", str(path), str(metrics)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("lockstep"), err
+    assert err[0].endswith(
+        f"{path}: {field}; fix it or record it again with `lockstep gate refresh`"
+    )
+
+
+def test_a_golden_that_gates_nothing_is_not_written(tmp_path):
+    """A job that logs only `step` (and `time`) measured from inside: no curve, no figure."""
+    g = golden.build([Run([{"step": 1}, {"step": 2}])] * 2, HEADER)
+    with pytest.raises(UsageError, match=r"refusing to write golden .*: it gates nothing"):
+        golden.write(g, tmp_path / "g.json")
+    assert not list(tmp_path.iterdir())
+
+
+def test_set_overrides_are_scrubbed_from_the_golden_header(tmp_path):
+    """`--set` values land in the committed header (`job.overrides`): secrets in them go."""
+    from lockstep.gate import runner
+    from lockstep.gate.job import Job
+
+    sets = ["model.overrides.api_token=hunter2", "logging.run_name=https://me:hunter3@wandb.test/x"]
+    job = Job(nproc=1, config=ROOT / "smoke" / "cpu-ddp.toml", overrides=[*sets, "steps=3"])
+    env = runner.Environment("key", {"engine": "ddp"}, "this machine", {})
+    g = runner.build_golden("scrubbed", job, env, [run([1.0, 0.9, 0.8])] * 2)
+    text = golden.write(g, tmp_path / "g.json").read_text()
+    assert "hunter2" not in text and "hunter3" not in text, text
+    overrides = golden.read(tmp_path / "g.json").header["job"]["overrides"]
+    assert overrides[0].startswith("model.overrides.api_token=<redacted:")
+    assert (
+        overrides[1].startswith("logging.run_name=https://<redacted:")
+        and "@wandb.test" in overrides[1]
+    )
+    assert overrides[2] == "steps=3"  # nothing secret: kept as given
 
 
 # --------------------------------------------------------------------------- comparison

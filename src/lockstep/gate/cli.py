@@ -154,10 +154,13 @@ def _print_recorded(g) -> None:
 def run_refresh(args: argparse.Namespace) -> int:
     from lockstep.gate import runner
 
-    new, old, moves = runner.refresh(
+    new, old, moves, unreadable = runner.refresh(
         args.name, _job(args), args.repeats, args.dir, args.workdir, _progress
     )
     _print_recorded(new)
+    if unreadable:
+        print(f"  it replaced an unreadable golden ({unreadable})")
+        return 0
     if old is None:
         print("  there was no golden for this environment before")
         return 0

@@ -5,7 +5,9 @@ per-metric tolerances, run-level performance figures) and then one line per step
 metric's center (median over the repeats) and its spread. Floats are written with `repr`, the
 shortest text that reads back to the same double, so an exact golden stays exact. A golden
 never holds NaN or Inf: a run that produced one is refused at record time, and a file that
-holds one is refused when read.
+holds one is refused when read. Every read is validated (`validate`): a hand-edited or
+half-merged file is one line naming the file and the field, exit 2; a golden that gates
+nothing (no curve, no gated performance figure) is refused when written and when read.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 from lockstep.errors import UsageError
 from lockstep.gate import policy
 from lockstep.gate.run import PERF_STEP_FIELDS, Run, summary
+from lockstep.redact import redact_mapping
 
 FORMAT = "lockstep.gate.golden/1"
 
@@ -169,8 +172,11 @@ def _span(steps: list[int]) -> str:
 
 
 def to_text(golden: Golden) -> str:
-    """The header, pretty-printed, then `"rows"`: one JSON object per line per step."""
+    """The header, pretty-printed, then `"rows"`: one JSON object per line per step. The job's
+    description is scrubbed of secrets (`--set api_token=...`): goldens are committed."""
     header = {k: v for k, v in golden.header.items()}
+    if isinstance(header.get("job"), dict):
+        header["job"] = redact_mapping(header["job"])
     head = json.dumps(header, indent=1, sort_keys=True, allow_nan=False)
     lines = []
     metrics = list(golden.centers)
@@ -190,8 +196,11 @@ def to_text(golden: Golden) -> str:
 
 def write(golden: Golden, path: Path) -> Path:
     """Write atomically: a reader sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     text = to_text(golden)
+    problem = validate(json.loads(text))
+    if problem:
+        raise UsageError(f"refusing to write golden {path}: {problem}")
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
@@ -211,21 +220,10 @@ def _refuse_constant(name: str):
 
 
 def read(path: str | Path) -> Golden:
+    """A golden file, validated: anything a hand edit or a merge can break is one UsageError
+    naming the file and the field (`validate`), never a KeyError or TypeError later on."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise UsageError(f"cannot read golden {path}: {err.strerror}") from None
-    try:
-        data = json.loads(text, parse_constant=_refuse_constant)
-    except ValueError as err:
-        raise UsageError(
-            f"{path} is not a valid golden ({err}); record it again with `lockstep gate refresh`"
-        ) from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or "rows" not in data:
-        raise UsageError(
-            f"{path} is not a lockstep golden ({FORMAT}); record one with `lockstep gate record`"
-        )
+    data = load_data(path)
     rows = data.pop("rows")
     steps = np.array([row["step"] for row in rows], dtype=np.int64)
     metrics: dict[str, None] = {}
@@ -237,10 +235,153 @@ def read(path: str | Path) -> Golden:
     for m in metrics:
         centers[m] = np.array([row.get(m, math.nan) for row in rows], dtype=float)
         spreads[m] = np.array([row.get("spread", {}).get(m, math.nan) for row in rows], dtype=float)
-    for m in data.get("curves", {}):
-        if m in centers and not np.isfinite(centers[m]).all():
-            raise UsageError(f"{path}: {m} is missing or not finite at some step; record it again")
     return Golden(data, steps, centers, spreads, path)
+
+
+def load_data(path: Path) -> dict:
+    """The parsed and validated JSON of a golden file (header and rows)."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise UsageError(f"cannot read golden {path}: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise UsageError(
+            f"{path} is not a valid golden (not UTF-8 text); record it again with "
+            "`lockstep gate refresh`"
+        ) from None
+    try:
+        data = json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as err:
+        raise UsageError(
+            f"{path} is not a valid golden ({err}); record it again with `lockstep gate refresh`"
+        ) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or "rows" not in data:
+        raise UsageError(
+            f"{path} is not a lockstep golden ({FORMAT}); record one with `lockstep gate record`"
+        )
+    problem = validate(data)
+    if problem:
+        raise UsageError(
+            f"{path}: {problem}; fix it or record it again with `lockstep gate refresh`"
+        )
+    return data
+
+
+# --------------------------------------------------------------------------- validation
+
+DIRECTIONS = ("lower", "higher", "none")
+
+
+def _is_number(value) -> bool:
+    """A finite int or float; JSON's true/false are not numbers here."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _show(value) -> str:
+    return json.dumps(value) if isinstance(value, str | bool | None) else repr(value)
+
+
+def _field(owner: dict, where: str, key: str, kind: str, *, optional: bool = False) -> str | None:
+    """None when owner[key] is of `kind` (number, count, positive, bool, text, mapping), else
+    what is wrong with it."""
+    if key not in owner:
+        return None if optional else f"{where}{key} is missing"
+    value = owner[key]
+    if optional and value is None:
+        return None
+    ok = {
+        "number": lambda v: _is_number(v) and v >= 0,
+        "count": lambda v: _is_number(v) and isinstance(v, int) and v >= 0,
+        "positive": lambda v: _is_number(v) and isinstance(v, int) and v >= 1,
+        "bool": lambda v: isinstance(v, bool),
+        "text": lambda v: isinstance(v, str) and v != "",
+        "mapping": lambda v: isinstance(v, dict),
+    }[kind](value)
+    if ok:
+        return None
+    want = {
+        "number": "a finite number >= 0",
+        "count": "an integer >= 0",
+        "positive": "an integer >= 1",
+        "bool": "true or false",
+        "text": "a non-empty string",
+        "mapping": "an object",
+    }[kind]
+    return f"{where}{key} is {_show(value)}, not {want}"
+
+
+def validate(data: dict) -> str | None:
+    """What is wrong with a golden's parsed JSON, as 'field: problem', or None when every field
+    that record, check, compare and refresh use is there with the right type. A golden that
+    gates nothing (no curve and no gated performance figure) is refused too: it would pass
+    any run."""
+    for key, kind in (("name", "text"), ("env_key", "text"), ("curves", "mapping"),
+                      ("perf", "mapping")):  # fmt: skip
+        if problem := _field(data, "", key, kind):
+            return problem
+    for metric, tol in data["curves"].items():
+        where = f"curves.{metric}."
+        if not isinstance(tol, dict):
+            return f"curves.{metric} is {_show(tol)}, not an object"
+        if tol.get("direction") not in DIRECTIONS:
+            return f"{where}direction is {_show(tol.get('direction'))}, not one of {DIRECTIONS}"
+        for key, kind in (("exact", "bool"), ("tol_rel", "number"), ("tol_abs", "number"),
+                          ("budget", "count"), ("window", "positive"),
+                          ("window_tol_rel", "number")):  # fmt: skip
+            if problem := _field(tol, where, key, kind):
+                return problem
+    gated = 0
+    for name, rec in data["perf"].items():
+        where = f"perf.{name}."
+        if name not in policy.PERF:
+            return f"perf.{name} is not a performance figure ({', '.join(policy.PERF)})"
+        if not isinstance(rec, dict):
+            return f"perf.{name} is {_show(rec)}, not an object"
+        if rec.get("direction") not in DIRECTIONS:
+            return f"{where}direction is {_show(rec.get('direction'))}, not one of {DIRECTIONS}"
+        if not _is_number(rec.get("center")):
+            return f"{where}center is {_show(rec.get('center'))}, not a number"
+        for key, kind, optional in (("threshold_rel", "number", True),
+                                    ("threshold_abs", "number", True),
+                                    ("gated", "bool", True)):  # fmt: skip
+            if problem := _field(rec, where, key, kind, optional=optional):
+                return problem
+        if rec.get("threshold_rel") is None and rec.get("threshold_abs") is None:
+            return f"{where}threshold_rel and threshold_abs are both missing"
+        gated += bool(rec.get("gated", True))
+    if not data["curves"] and not gated:
+        return "it gates nothing (no curve in 'curves', no gated figure in 'perf')"
+    rows = data["rows"]
+    if not isinstance(rows, list) or not rows:
+        return f"rows is {_show(rows) if not isinstance(rows, list) else '[]'}, not a list of steps"
+    previous = None
+    for i, row in enumerate(rows):
+        where = f"rows[{i}]"
+        if not isinstance(row, dict):
+            return f"{where} is {_show(row)}, not an object"
+        step = row.get("step")
+        if "step" not in row:
+            return f'{where} has no "step"'
+        if not (isinstance(step, int) and not isinstance(step, bool)):
+            return f"{where}.step is {_show(step)}, not an integer"
+        if previous is not None and step <= previous:
+            return f"{where}.step is {step}, not after the previous row's step {previous}"
+        previous = step
+        spread = row.get("spread", {})
+        if not isinstance(spread, dict):
+            return f"{where} (step {step}).spread is {_show(spread)}, not an object"
+        for key, value in row.items():
+            if key == "step" or key == "spread":
+                continue
+            if not _is_number(value):
+                return f"{where} (step {step}).{key} is {_show(value)}, not a number"
+        for key, value in spread.items():
+            if not (_is_number(value) and value >= 0):
+                return f"{where} (step {step}).spread.{key} is {_show(value)}, not a number >= 0"
+        for metric in data["curves"]:
+            if metric not in row:
+                return f"{where} (step {step}) has no {metric}, which 'curves' gates"
+    return None
 
 
 def golden_path(directory: Path, name: str, env_key: str) -> Path:

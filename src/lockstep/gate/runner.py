@@ -197,16 +197,24 @@ def movement(old: Golden, new: Golden) -> list[dict]:
 
 def refresh(
     name: str, job: Job, repeats: int, directory: Path, workdir: Path | None = None, progress=print
-) -> tuple[Golden, Golden | None, list[dict]]:
-    """Record anew; the old file is replaced only once the new one is complete."""
+) -> tuple[Golden, Golden | None, list[dict], str | None]:
+    """Record anew; the old file is replaced only once the new one is complete. An old file
+    that does not read as a golden (hand-edited, half-merged) is replaced too, since refresh
+    is what its error message advises: the fourth value says why it was unreadable."""
     env = Environment.current(job)
     path = golden.golden_path(directory, name, env.key)
-    old = golden.read(path) if path.is_file() else None
+    old, unreadable = None, None
+    if path.is_file():
+        try:
+            old = golden.read(path)
+        except UsageError as err:
+            unreadable = str(err)
+            progress(f"lockstep gate: the golden there is unreadable, refresh replaces it: {err}")
     with _workdir(workdir) as wd:
         runs = record_runs(job, repeats, wd, progress)
     new = build_golden(name, job, env, runs)
     golden.write(new, path)
-    return new, old, movement(old, new) if old else []
+    return new, old, movement(old, new) if old else [], unreadable
 
 
 class _workdir:
