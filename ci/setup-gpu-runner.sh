@@ -60,6 +60,10 @@ cat >"$home/run-ephemeral.sh" <<EOS
 #!/usr/bin/env bash
 set -euo pipefail
 cd "$home"
+# A fresh work folder per registration: a job must find nothing the one before it left (git
+# hooks planted in a checkout, caches, tool folders). Refuse to register when it cannot be wiped.
+rm -rf "$home/_work"
+[[ ! -e "$home/_work" ]] || { echo "run-ephemeral: cannot remove $home/_work" >&2; exit 1; }
 token=\$($token_cmd)
 ./config.sh --unattended --ephemeral --replace --disableupdate --url "$url" --token "\$token" \\
     --runnergroup "$group" --labels gpu --name "\$(hostname)-gpu" --work _work

@@ -91,34 +91,172 @@ def test_gpu_workflow_runs_mains_definition_in_the_locked_image():
     assert "self-hosted" in job["runs-on"] and "gpu" in job["runs-on"]
     assert job["container"]["image"] == "${{ needs.image.outputs.image }}"
     options = job["container"]["options"]
-    assert "--gpus all" in options and "--ipc=host" in options
+    # a /dev/shm of the container's own, sized; never the host's IPC namespace
+    assert "--gpus all" in options and re.search(r"--shm-size=\d+g", options)
+    assert "--ipc" not in options
     assert job["env"]["LOCKSTEP_REQUIRE_GPUS"]
+    assert job["env"]["LOCKSTEP_PR"] == "${{ inputs.pr }}"
     checkout = job["steps"][0]
     assert checkout["uses"].startswith("actions/checkout@")
     assert checkout["with"] == {
         "persist-credentials": False,
         "ref": "${{ needs.image.outputs.sha }}",
     }
-    # The image job refuses a PR run dispatched from anywhere but main, and yields a digest.
-    image = gpu["jobs"]["image"]
-    script = "\n".join(s.get("run", "") for s in image["steps"])
-    assert "refs/heads/main" in script and "sha256:[0-9a-f]{64}" in script
     assert gpu["permissions"] == {}
 
 
-def test_label_job_checks_out_nothing_and_can_only_dispatch():
+def test_the_image_is_chosen_by_mains_scripts_reading_the_commit_as_data():
+    image = load("gpu.yml")["jobs"]["image"]
+    steps = image["steps"]
+    checkouts = [s for s in steps if s.get("uses", "").startswith("actions/checkout@")]
+    # main's scripts at main/, the commit under test at pr/, never at the workspace root
+    assert [c["with"].get("path") for c in checkouts] == ["main", "pr"]
+    assert checkouts[0]["with"]["ref"] == "${{ github.sha }}"
+    assert all(c["with"]["persist-credentials"] is False for c in checkouts)
+    script = "\n".join(s["run"] for s in steps if "run" in s)
+    assert not re.search(r"(^|[\s;(])(source|\.) ", script) and "build-args.sh" not in script
+    # every script a step runs is main's, in isolated mode (no PYTHONPATH, no script-dir import)
+    assert re.findall(r"python3 -I (\S+)", script) == [
+        "main/ci/gpu-pr-gate.py",
+        "main/ci/gpu-image.py",
+        "main/ci/gpu-image.py",
+    ]
+    assert "python3 -I main/ci/gpu-image.py tag pr" in script
+    verify = next(s for s in steps if s.get("id") == "verify")
+    assert "gh attestation verify" in verify["run"]
+    assert '--signer-workflow "$GITHUB_REPOSITORY/.github/workflows/images.yml"' in verify["run"]
+    assert "--source-ref refs/heads/main" in verify["run"]
+    assert "gpu-image.py verify --image" in verify["run"]
+    assert image["outputs"]["image"] == "${{ steps.verify.outputs.image }}"
+    commit = next(s for s in steps if s.get("id") == "commit")
+    assert steps.index(commit) < steps.index(checkouts[1]), "the gate runs before pr/ exists"
+    assert "gpu-pr-gate.py" in commit["run"] and "refs/heads/main" in commit["run"]
+    tag = next(s for s in steps if s.get("id") == "tag")
+    assert "env" not in tag and "${{" not in tag["run"], "no token where pr/ is read"
+
+
+# gpu.yml's image job as it was: the pull request's head at the workspace root, its
+# docker/build-args.sh sourced in a step holding GITHUB_TOKEN, its output the GPU job's image.
+OLD_GPU_WORKFLOW = """
+name: gpu
+on:
+  workflow_dispatch:
+    inputs: {sha: {type: string}}
+permissions: {}
+jobs:
+  image:
+    runs-on: ubuntu-24.04
+    outputs:
+      image: ${{ steps.digest.outputs.image }}
+    steps:
+      - uses: actions/checkout@3d3c42e5aac5ba805825da76410c181273ba90b1 # v7.0.1
+        with:
+          persist-credentials: false
+          ref: ${{ inputs.sha }}
+      - name: Digest
+        id: digest
+        env:
+          GH_TOKEN: ${{ github.token }}
+        run: |
+          set -a
+          source <(docker/build-args.sh)
+          set +a
+          echo "image=ghcr.io/o/lockstep-cuda:$CUDA_TAG" >>"$GITHUB_OUTPUT"
+  gpu:
+    needs: image
+    runs-on: [self-hosted, linux, x64, gpu]
+    container:
+      image: ${{ needs.image.outputs.image }}
+    steps:
+      - run: nox -s smoke
+"""
+
+
+def test_the_old_image_job_fails_the_rule(tmp_path):
+    shutil.copytree(ROOT / ".github", tmp_path / ".github")
+    (tmp_path / ".github/workflows/gpu.yml").write_text(OLD_GPU_WORKFLOW)
+    result = run_check(tmp_path)
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert any("job image" in x and "into the workspace root" in x for x in lines), lines
+    assert any("step Digest: sources files of a checkout" in x for x in lines), lines
+    assert any("step Digest: holds a token where code" in x for x in lines), lines
+
+
+@pytest.mark.parametrize(
+    ("step", "offence"),
+    [
+        ('env: {T: "${{ secrets.X }}"}\n        run: bash pr/build.sh', "holds a token"),
+        ("run: gh api x --token ${{ github.token }}; ./pr/setup", "holds a token"),
+        ("run: . pr/env.sh", "sources files"),
+        ('env: {GH_TOKEN: "${{ github.token }}"}\n        run: python3 -I main/x.py pr', None),
+        ("run: cat pr/docker/base.lock", None),
+    ],
+)
+def test_a_token_or_a_source_beside_a_checkout_chosen_elsewhere(tmp_path, step, offence):
+    shutil.copytree(ROOT / ".github", tmp_path / ".github")
+    (tmp_path / ".github/workflows/x.yml").write_text(
+        "on: workflow_dispatch\njobs:\n  a:\n    runs-on: ubuntu-24.04\n    steps:\n"
+        "      - uses: actions/checkout@3d3c42e5aac5ba805825da76410c181273ba90b1 # v7.0.1\n"
+        "        with: {ref: '${{ inputs.sha }}', path: pr, persist-credentials: false}\n"
+        f"      - name: s\n        {step}\n"
+    )
+    result = run_check(tmp_path)
+    if offence is None:
+        assert result.returncode == 0, result.stderr
+    else:
+        assert result.returncode == 1 and f"x.yml: job a step s: {offence}" in result.stderr
+
+
+def test_label_job_checks_out_main_only_and_dispatches_what_a_maintainer_approved():
     label = load("gpu-label.yml")
     assert set(on(label)) == {"pull_request_target"}
     assert on(label)["pull_request_target"]["types"] == ["labeled"]
     assert label["permissions"] == {}
     (job,) = label["jobs"].values()
-    assert job["permissions"] == {"actions": "write"}
+    assert job["permissions"] == {
+        "actions": "write",
+        "contents": "read",
+        "pull-requests": "read",
+    }
     assert job["runs-on"] == "ubuntu-24.04"
-    assert all("uses" not in step for step in job["steps"]), "no action, no checkout"
+    (checkout,) = [s for s in job["steps"] if "uses" in s]
+    assert checkout["uses"].startswith("actions/checkout@")
+    assert checkout["with"] == {
+        "persist-credentials": False,
+        "ref": "refs/heads/main",
+        "path": "main",
+    }
     assert "gpu-ci" in job["if"]
-    script = job["steps"][0]["run"]
-    assert "gh workflow run gpu.yml" in script and "--ref main" in script
+    script = job["steps"][-1]["run"]
+    gate = script.index('python3 -I main/ci/gpu-pr-gate.py --repo "$REPO" --pr "$PR" --sha "$SHA"')
+    assert '--labeller "$LABELLER"' in script
+    assert gate < script.index("gh workflow run gpu.yml"), "the gate comes before the dispatch"
+    assert "--ref main" in script
     assert "${{" not in script, "event data reaches the script only through env"
+
+
+def test_the_runner_wipes_its_work_folder_before_each_registration():
+    script = (ROOT / "ci" / "setup-gpu-runner.sh").read_text()
+    assert script.index('rm -rf "$home/_work"') < script.index("./config.sh --unattended")
+
+
+def test_candidate_goldens_come_from_mains_code_only():
+    sys.path.insert(0, str(ROOT))
+    try:
+        import noxfile
+    finally:
+        sys.path.remove(str(ROOT))
+    main = {"GITHUB_ACTIONS": "true", "GITHUB_REF": "refs/heads/main"}
+    assert noxfile.candidates_allowed({})[0], "outside Actions a person decides"
+    assert noxfile.candidates_allowed({**main, "GITHUB_EVENT_NAME": "push"})[0]
+    assert noxfile.candidates_allowed({**main, "GITHUB_EVENT_NAME": "workflow_dispatch"})[0]
+    allowed, why = noxfile.candidates_allowed(
+        {**main, "GITHUB_EVENT_NAME": "workflow_dispatch", "LOCKSTEP_PR": "12"}
+    )
+    assert not allowed and "#12" in why
+    pr = {"GITHUB_ACTIONS": "true", "GITHUB_REF": "refs/pull/3/merge"}
+    assert not noxfile.candidates_allowed({**pr, "GITHUB_EVENT_NAME": "pull_request"})[0]
 
 
 def test_only_the_publishing_job_may_write_packages():
@@ -141,6 +279,30 @@ def test_only_the_publishing_job_may_write_packages():
     assert "ci/image-digest.py out/bake.json cuda" in publish
 
 
+def test_images_are_built_by_a_pinned_buildkit_and_carry_signed_provenance():
+    images = load("images.yml")
+    pin = images["env"]["BUILDKIT_IMAGE"]
+    assert re.fullmatch(r"moby/buildkit:v[\d.]+@sha256:[0-9a-f]{64}", pin)
+    creates = [
+        s["run"]
+        for job in images["jobs"].values()
+        for s in job["steps"]
+        if "buildx create" in s.get("run", "")
+    ]
+    assert len(creates) == 2 and all('--driver-opt "image=$BUILDKIT_IMAGE"' in c for c in creates)
+    publish = images["jobs"]["publish"]
+    assert publish["permissions"]["id-token"] == "write"
+    assert publish["permissions"]["attestations"] == "write"
+    attests = [s for s in publish["steps"] if "attest-build-provenance" in s.get("uses", "")]
+    subjects = {s["with"]["subject-name"]: s["with"] for s in attests}
+    cuda = subjects["${{ steps.push.outputs.cuda-name }}"]
+    assert cuda["subject-digest"] == "${{ steps.push.outputs.cuda-digest }}"
+    for path in WORKFLOWS.glob("*.yml"):
+        for name, job in yaml.safe_load(path.read_text())["jobs"].items():
+            if (job.get("permissions") or {}).get("id-token") == "write":
+                assert (path.name, name) == ("images.yml", "publish")
+
+
 def test_ci_bootstraps_nox_from_its_hashed_lock_and_scopes_the_extra_index():
     for path in WORKFLOWS.glob("*.yml"):
         text = path.read_text()
@@ -157,7 +319,12 @@ def test_ci_bootstraps_nox_from_its_hashed_lock_and_scopes_the_extra_index():
 
 
 def test_every_action_is_pinned_on_a_current_major():
-    majors = {"actions/checkout": 7, "actions/setup-python": 7, "actions/upload-artifact": 7}
+    majors = {
+        "actions/checkout": 7,
+        "actions/setup-python": 7,
+        "actions/upload-artifact": 7,
+        "actions/attest-build-provenance": 3,
+    }
     for path in WORKFLOWS.glob("*.yml"):
         for ref, comment in re.findall(r"uses: (\S+)(?: # (\S+))?", path.read_text()):
             name, _, sha = ref.partition("@")

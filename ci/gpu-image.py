@@ -1,0 +1,195 @@
+"""Which CUDA image a GPU run may use, decided by main's code alone (gpu.yml's `image` job).
+
+The commit under test may be a pull request's. Its files are read here as data, never run or
+sourced: `docker/base.lock` through a strict KEY=VALUE reader, the lock and the image's files
+only hashed. The tag is the one `docker/build-args.sh` computes (tests/test_gpu_image.py holds
+the two equal), so a pull request cannot choose the image by editing a script.
+
+    python3 -I main/ci/gpu-image.py tag pr/                 # -> CUDA_TAG=env-<16 hex>
+    python3 -I main/ci/gpu-image.py verify --image REF --repo OWNER/REPO --attestation FILE
+
+`verify` refuses a reference that is not ghcr.io/<owner>/lockstep-cuda@sha256:<64 hex>, and
+checks the JSON of `gh attestation verify --format json` (which has already checked the
+signature against Sigstore's roots): a provenance statement whose subject is this image and
+digest, signed by this repository's images.yml on refs/heads/main on a GitHub-hosted runner.
+A tag moved by any other workflow with `packages: write` fails here. Standard library only.
+Exit 0 with KEY=value lines for $GITHUB_OUTPUT; else 1 (refused) or 2 (bad input), one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+
+# docker/build-args.sh hashes these, in this order, with `sha256sum` (then the base reference).
+IMAGE_FILES = (
+    "docker/Dockerfile",
+    "docker/install-lock.sh",
+    "docker/write-manifest.py",
+    "docker/check-one-nccl.sh",
+)
+BASE_KEYS = ("CPU_BASE_IMAGE", "CUDA_BASE_IMAGE")
+# NAME[:TAG]@sha256:<64 hex>, registry and path in the characters a reference may hold.
+PINNED_REFERENCE = re.compile(
+    r"[a-z0-9][a-z0-9._/-]*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?@sha256:[0-9a-f]{64}"
+)
+KEY_VALUE = re.compile(r"([A-Z][A-Z0-9_]*)=(\S+)")
+OWNER = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,38})")
+REPO = re.compile(r"([A-Za-z0-9-]{1,39})/([A-Za-z0-9._-]{1,100})")
+ISSUER = "https://token.actions.githubusercontent.com"
+PROVENANCE = "https://slsa.dev/provenance/v1"
+SIGNER_REF = "refs/heads/main"
+
+
+class Refused(Exception):
+    """The input is well-formed but must not run: exit 1."""
+
+
+class BadInput(Exception):
+    """The input cannot be read: exit 2."""
+
+
+def read_key_values(path: Path, keys: tuple[str, ...]) -> dict[str, str]:
+    """Comments, blank lines and exactly KEY=VALUE (one token, no quotes, no expansion)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise BadInput(f"{path}: cannot read ({err})") from None
+    values: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        match = KEY_VALUE.fullmatch(line)
+        if not match:
+            raise Refused(f"{path}:{number}: not a KEY=VALUE line: {line[:80]!r}")
+        key, value = match.groups()
+        if key not in keys:
+            raise Refused(f"{path}:{number}: unknown key {key} (expected {', '.join(keys)})")
+        if key in values:
+            raise Refused(f"{path}:{number}: {key} given twice")
+        if not PINNED_REFERENCE.fullmatch(value):
+            raise Refused(f"{path}:{number}: {key} is not NAME:TAG@sha256:<64 hex>: {value[:80]!r}")
+        values[key] = value
+    missing = [key for key in keys if key not in values]
+    if missing:
+        raise Refused(f"{path}: no {', '.join(missing)}")
+    return values
+
+
+def _file_sha256(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as err:
+        raise BadInput(f"{path}: cannot read ({err})") from None
+
+
+def image_tag(tree: Path, variant: str = "cuda") -> str:
+    """env-<16 hex> as build-args.sh: sha256 of `sha256sum LOCK FILES...` then the base line."""
+    base = read_key_values(tree / "docker" / "base.lock", BASE_KEYS)[
+        f"{variant.upper()}_BASE_IMAGE"
+    ]
+    listing = "".join(
+        f"{_file_sha256(tree / name)}  {name}\n"
+        for name in (f"requirements/{variant}.txt", *IMAGE_FILES)
+    )
+    return "env-" + hashlib.sha256(f"{listing}{base}\n".encode()).hexdigest()[:16]
+
+
+def check_reference(image: str, owner: str) -> str:
+    """The digest of `image`, which must be this owner's lockstep-cuda by digest."""
+    if not OWNER.fullmatch(owner):
+        raise BadInput(f"owner {owner!r} is not a lower-case GitHub owner name")
+    match = re.fullmatch(
+        rf"ghcr\.io/{re.escape(owner)}/lockstep-cuda@sha256:([0-9a-f]{{64}})", image
+    )
+    if not match:
+        raise Refused(f"image {image[:120]!r} is not ghcr.io/{owner}/lockstep-cuda@sha256:<64 hex>")
+    return match.group(1)
+
+
+def _problems(entry: object, name: str, digest: str, repo: str) -> list[str]:
+    """Why one verified attestation does not vouch for name@sha256:digest (empty: it does)."""
+    if not isinstance(entry, dict):
+        return ["an entry is not an object"]
+    result = entry.get("verificationResult") or {}
+    statement = result.get("statement") or {}
+    cert = (result.get("signature") or {}).get("certificate") or {}
+    url = f"https://github.com/{repo}"
+    workflow = f"{url}/.github/workflows/images.yml@{SIGNER_REF}"
+    problems = []
+    if statement.get("predicateType") != PROVENANCE:
+        problems.append(f"predicate {statement.get('predicateType')!r} is not {PROVENANCE}")
+    subjects = statement.get("subject") or []
+    if not any(
+        isinstance(s, dict)
+        and s.get("name") == name
+        and (s.get("digest") or {}).get("sha256") == digest
+        for s in subjects
+    ):
+        problems.append(f"no subject {name}@sha256:{digest[:12]}…")
+    expected = {
+        "issuer": ISSUER,
+        "sourceRepositoryURI": url,
+        "sourceRepositoryRef": SIGNER_REF,
+        "buildSignerURI": workflow,
+        "runnerEnvironment": "github-hosted",
+    }
+    for field, value in expected.items():
+        if cert.get(field) != value:
+            problems.append(f"certificate {field} is {cert.get(field)!r}, not {value!r}")
+    if not result.get("verifiedTimestamps"):
+        problems.append("no verified timestamp")
+    return problems
+
+
+def check_attestation(document: object, image: str, repo: str) -> None:
+    """Refused unless one verified entry vouches for exactly this image, built on main."""
+    if not REPO.fullmatch(repo):
+        raise BadInput(f"repo {repo!r} is not OWNER/REPO")
+    owner = repo.split("/", 1)[0].lower()
+    digest = check_reference(image, owner)
+    name = image.split("@", 1)[0]
+    if not isinstance(document, list) or not document:
+        raise Refused(f"no verified attestation for {image}")
+    reasons = [_problems(entry, name, digest, repo) for entry in document]
+    if not any(not r for r in reasons):
+        raise Refused(f"no attestation vouches for {image}: {'; '.join(reasons[0])}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="gpu-image.py", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    tag = sub.add_parser("tag", help="CUDA_TAG of a checkout, read as data")
+    tag.add_argument("tree", type=Path)
+    verify = sub.add_parser("verify", help="the image reference and its build attestation")
+    verify.add_argument("--image", required=True)
+    verify.add_argument("--repo", required=True, help="OWNER/REPO (GITHUB_REPOSITORY)")
+    verify.add_argument("--attestation", required=True, type=Path, help="gh ... --format json")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "tag":
+            print(f"CUDA_TAG={image_tag(args.tree)}")
+            return 0
+        try:
+            document = json.loads(args.attestation.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise BadInput(
+                f"{args.attestation}: not the JSON of gh attestation verify ({err})"
+            ) from None
+        check_attestation(document, args.image, args.repo)
+        print(f"image={args.image}")
+        return 0
+    except Refused as err:
+        print(f"gpu-image: refused: {err}", file=sys.stderr)
+        return 1
+    except BadInput as err:
+        print(f"gpu-image: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
