@@ -138,3 +138,123 @@ def test_a_command_line_is_scrubbed_argument_by_argument():
     assert not any(s in " ".join(clean) for s in ("kv-91", "t-92", "pw-93"))
     assert clean[:2] == ["train", "--api-key"] and clean[-2:] == ["--out", "/tmp/tokens"]
     assert clean[6] == "run_name=x:y@h"  # nothing secret in it: left alone
+
+
+# Known token shapes, under innocuous names or bare in prose (each value is the secret).
+GHP = "ghp_" + "R2d2C3po" * 4 + "x9Yz"
+SHAPES = {
+    "github": GHP,
+    "github_pat": "github_pat_11AAAAAAA0" + "b7" * 20,
+    "huggingface": "hf_" + "QwErTy12" * 4 + "zz",
+    "openai": "sk-proj-" + "Ab3dEf6h" * 5,
+    "slack": "xoxb-2401-9327-" + "kQ8pZ3mW" * 3,
+    "gitlab": "glpat-" + "x7Y8z9W0v1" * 2,
+    "aws": "AKIA" + "Q2W3E4R5T6Y7U8I9",
+    "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJjaS1qb2IifQ.S1gnatur3-Of_the-t0ken",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SHAPES))
+@pytest.mark.parametrize("template", ["note={}", "bare {} in prose", "'{}'", "see ({})"])
+def test_known_token_shapes_are_redacted_wherever_they_stand(kind, template):
+    out = scrub_text(template.format(SHAPES[kind]))
+    assert SHAPES[kind] not in out and "<redacted:" in out, out
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("https://hooks.slack.com/services/T0001/B0002/slackHookS3cret", "slackHookS3cret"),
+        ("https://discord.com/api/webhooks/1234567/discordHookS3cret", "discordHookS3cret"),
+        ("PW=pw-1 next", "pw-1"),
+        ("DB_PSWD=pswd-2", "pswd-2"),
+        ("GH_PAT=pat-3", "pat-3"),
+        ("CI_JOB_JWT=jwt-4", "jwt-4"),
+        ("SLACK_WEBHOOK_URL=hook-5", "hook-5"),
+        ("wandb: ERROR Invalid API key 0123456789abcdef0123456789abcdef01234567", "0123456789"),
+        ("Command '['train', '--token', 'argv-6']' returned 1", "argv-6"),
+        ("os.environ.setdefault('HF_TOKEN', 'env-7')", "env-7"),
+        ('    os.environ["HF_TOKEN"] = "env-8"', "env-8"),
+        ('run --token "a b8c9"', "b8c9"),
+        ("mysql -u root -p pw-10 db", "pw-10"),
+        ("lockstep train c.toml --set a=1,password=pw-11", "pw-11"),
+        ("ValueError: bad Config(name='x', api_key='key-12')", "key-12"),
+        ("--set model=Config(api_key=key-13)", "key-13"),
+        ("Endpoint=https;AccountName=a;AccountKey=az-14==;EndpointSuffix=x", "az-14"),
+        ("password: a b15 c16", "b15"),
+        ("password: a b15 c16", "c16"),
+        ("db:\n  secret: |\n    line-17\n    line-18\n  host: h\n", "line-18"),
+        ("secret: >-\n  folded-19\n", "folded-19"),
+        ('{"api_key": 12345678, "n": 1}', "12345678"),
+    ],
+)
+def test_forms_that_leaked_are_scrubbed(text, secret):
+    out = scrub_text(text)
+    assert secret not in out and "<redacted:" in out, out
+
+
+def test_a_yaml_block_keeps_its_shape_and_what_follows():
+    text = "db:\n  secret: |\n    line-17\n\n    line-18\n  host: gpu-3\nport: 1\n"
+    out = scrub_text(text)
+    assert out.startswith("db:\n  secret: |\n    <redacted:") and out.count("<redacted:") == 1
+    assert out.endswith(">\n  host: gpu-3\nport: 1\n"), out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "tokens=4096 tokens_per_s=1234.5 num_tokens: 7 max_new_tokens=20",
+        "env_key=linux-x86_64/py3.11/torch2.13 sort_key=loss ssh_public_key=AAAA",
+        "image ghcr.io/acme/train@sha256:" + "0f" * 32,
+        "pulled https://registry.example.com:5000/acme/train@sha256:" + "0f" * 32,
+        "sha256:" + "ab" * 32 + " param_digest=9f86d081884c7d65",
+        "rendezvous auth.example.com:29500 and session-host.internal:443 are up",
+        "KeyError: 'HF_TOKEN' (set it)",
+        "mkdir -p /tmp/out && pytest -p no:cacheprovider && docker run -p 8080:80 img",
+        "git rev 4b825dc642cb6eb9a060e54bf8d69288fbee4904 hf_hub_download ghp_short",
+    ],
+)
+def test_what_is_not_secret_survives(text):
+    assert scrub_text(text) == text
+
+
+def test_a_gate_reports_fields_survive_redaction():
+    data = {
+        "env_key": "cpu/torch-2.13",
+        "tokens": 4096,
+        "tokens_per_s": 12.5,
+        "digest": "sha256:0f",
+    }
+    assert redact_mapping(data) == data
+
+
+def test_redacted_json_stays_json():
+    import json
+
+    text = json.dumps({"api_key": None, "token": 1234, "password": "x y", "ok": True, "n": [1]})
+    out = scrub_text(text)
+    assert json.loads(out)["api_key"] is None and "x y" not in out and "1234" not in out
+    assert json.loads(out)["token"].startswith("<redacted:")
+    assert scrub_text("Config({'token': None})") == "Config({'token': None})"
+
+
+def test_a_secret_in_a_json_string_keeps_the_json_valid():
+    import json
+
+    text = json.dumps({"log": "password: a b c", "cmd": "run --token 'q r' -x", "n": 1})
+    out = json.loads(scrub_text(text))
+    assert out["n"] == 1 and "b c" not in out["log"] and "q r" not in out["cmd"]
+
+
+def test_short_password_flags_and_nested_sets_in_a_command_line():
+    argv = ["mysql", "-p", "pw-20", "--set", "a=1,password=pw-21", "mkdir", "-p", "/tmp/x"]
+    clean = scrub_argv(argv)
+    assert "pw-20" not in " ".join(clean) and "pw-21" not in " ".join(clean)
+    assert clean[-2:] == ["-p", "/tmp/x"] and clean[4].startswith("a=1,password=<redacted:")
+
+
+def test_the_same_secret_shows_the_same_digest_in_every_form():
+    """A token pasted bare and the same token under a name: one digest, so comparisons hold."""
+    bare = scrub_text(f"cloned with {GHP}")
+    named = scrub_text(f"GITHUB_TOKEN={GHP}")
+    assert bare.split("<redacted:")[1] == named.split("<redacted:")[1]
