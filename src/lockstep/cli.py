@@ -81,6 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("lockstep: interrupted", file=sys.stderr)
         return 130
+    except Exception:  # a bug, or a library's error: its traceback, redacted (exit 1, as Python)
+        import traceback
+
+        from lockstep.redact import scrub_text
+
+        print(scrub_text(traceback.format_exc()).rstrip(), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

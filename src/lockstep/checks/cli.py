@@ -107,7 +107,10 @@ def run_checks(args: argparse.Namespace) -> int:
     if not all(r.passed for r in results):
         print(f"runs and logs: {workdir}")
     if args.json:
-        args.json.write_text(json.dumps([r.to_dict() for r in results], indent=2) + "\n")
+        from lockstep.redact import redact_mapping
+
+        report = [redact_mapping(r.to_dict()) for r in results]
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
     return EXIT_OK if all(r.passed for r in results) else EXIT_FAIL
 
 
@@ -115,12 +118,15 @@ def _report(result) -> None:
     from rich.console import Console
     from rich.markup import escape
 
+    from lockstep.redact import scrub_text
+
     console = Console(stderr=False, highlight=False)
     mark = "[green]PASS[/green]" if result.passed else "[red]FAIL[/red]"
     # the summary may hold paths and values with brackets: never markup
-    console.print(f"{mark} {escape(result.name)}: {escape(result.summary)}", markup=True)
+    summary = escape(scrub_text(result.summary))
+    console.print(f"{mark} {escape(result.name)}: {summary}", markup=True)
     if result.diagnosis and not result.passed:
-        console.print(f"     likely cause: {result.diagnosis}", markup=False)
+        console.print(f"     likely cause: {scrub_text(result.diagnosis)}", markup=False)
 
 
 def _harness_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) -> list:

@@ -123,7 +123,9 @@ def _job(args):
 
 
 def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    from lockstep.redact import scrub_text
+
+    print(scrub_text(line), file=sys.stderr, flush=True)  # it quotes the job's --set values
 
 
 def run_record(args: argparse.Namespace) -> int:

@@ -47,6 +47,8 @@ How it runs
     does a test that destroys the default group (it then still passes). Idle pools of other
     world sizes stay warm up to 8 ranks in all (least recently used stopped first). Each
     rank's stdout and stderr during the test are reported in sections ``rank N output``.
+    What ranks report (their output, tracebacks and messages) is redacted by
+    ``lockstep.redact`` first, so secrets stay out of the terminal and of JUnit XML.
 
 Failures
     An exception on any rank fails the test with that rank's number and traceback, all
@@ -74,6 +76,7 @@ Limitations
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import sys
@@ -81,6 +84,7 @@ import sys
 import pytest
 
 from lockstep.errors import LockstepError
+from lockstep.redact import scrub_text
 from lockstep.testing.pool import Pools
 from lockstep.testing.worker import PASSED, SKIPPED, XFAILED, Task
 
@@ -167,8 +171,13 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     try:
         outcomes = pools.run(world_size, "nccl" if gpus else "gloo", _task(pyfuncitem), timeout)
     except LockstepError as exc:
-        pytest.fail(str(exc), pytrace=False)
+        pytest.fail(scrub_text(str(exc)), pytrace=False)
     capture = pyfuncitem.config.getoption("capture", "fd") != "no"
+    # What ranks report passes through `lockstep.redact` (to the terminal, and to JUnit XML).
+    outcomes = [
+        dataclasses.replace(o, output=scrub_text(o.output), message=scrub_text(o.message))
+        for o in outcomes
+    ]
     for outcome in outcomes:
         if not outcome.output:
             continue

@@ -109,6 +109,9 @@ class MetricsSink:
                     mode=cfg.logging.wandb,
                     config=run_config,  # already redacted
                     reinit="finish_previous",
+                    # No console capture: wandb would keep the raw output (its output.log, the
+                    # run's stream) before anything could redact it. The terminal has it.
+                    settings=wandb.Settings(console="off"),
                 )
             digests = fingerprint_digests()
             if digests is not None:
