@@ -27,6 +27,7 @@ from lockstep.gate.run import PERF_STEP_FIELDS, Run, summary
 from lockstep.redact import redact_mapping
 
 FORMAT = "lockstep.gate.golden/1"
+ADVICE = "; fix it or record it again with `lockstep gate refresh`"
 
 
 @dataclass
@@ -261,9 +262,7 @@ def load_data(path: Path) -> dict:
         )
     problem = validate(data)
     if problem:
-        raise UsageError(
-            f"{path}: {problem}; fix it or record it again with `lockstep gate refresh`"
-        )
+        raise UsageError(f"{path}: {problem}{ADVICE}")
     return data
 
 

@@ -208,7 +208,7 @@ def refresh(
         try:
             old = golden.read(path)
         except UsageError as err:
-            unreadable = str(err)
+            unreadable = str(err).removesuffix(golden.ADVICE)
             progress(f"lockstep gate: the golden there is unreadable, refresh replaces it: {err}")
     with _workdir(workdir) as wd:
         runs = record_runs(job, repeats, wd, progress)
