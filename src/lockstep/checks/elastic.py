@@ -38,6 +38,7 @@ def rank_elastic(config: dict, workdir: str, kill_at: int) -> dict | LockstepErr
 
     from lockstep.checks import harness
     from lockstep.checks.state import rows
+    from lockstep.train import checkpoint
     from lockstep.train.config import from_dict
     from lockstep.train.trainer import Trainer, run_training
 
@@ -76,7 +77,7 @@ def rank_elastic(config: dict, workdir: str, kill_at: int) -> dict | LockstepErr
             "start_step": start,
             "steps": rows(result.steps),
             "digest": result.param_digest,
-            "reference": torch.load(out / ELASTIC_STATE, weights_only=False),
+            "reference": checkpoint.load_file(out / ELASTIC_STATE),
         }
 
     return in_group(cfg.resolved_device(), body, attempt)

@@ -26,6 +26,7 @@ from lockstep.checks.result import CheckResult, tolerance
 from lockstep.checks.state import differences, first_tensor_difference, rows, snapshot
 from lockstep.checks.trajectory import Divergence, first_divergence
 from lockstep.errors import UsageError
+from lockstep.train import checkpoint
 from lockstep.train.config import ENGINE_ONLY, ENGINES, RunConfig, from_dict
 from lockstep.train.trainer import Trainer, run_training
 
@@ -144,7 +145,7 @@ def resume_compare(cfg: RunConfig, workdir: Path, half: int) -> CheckResult:
     saved = workdir / "resume" / f"straight-rank{rank}.pt"
     if not saved.exists():  # more ranks than the straight run had
         saved = workdir / "resume" / "straight-rank0.pt"
-    straight = torch.load(saved, weights_only=False)
+    straight = checkpoint.load_file(saved, map_location=None)
     same_world = straight["world_size"] == world_size()
     rtol, atol = exact_tolerance(cfg) if same_world else numeric_tolerance(cfg)
     resumed_cfg = derive(

@@ -13,8 +13,17 @@ Layout under the checkpoint root (a directory every rank sees):
 
 Ranks write into `.tmp-step_...`; rank 0 writes the manifest, renames the directory and then
 replaces `latest` (write + os.replace), so a crash mid-save never leaves a half checkpoint
-where a resume would find it. Loading re-hashes every file against the manifest: a truncated
-or altered checkpoint is an error that names it, never a silent fresh start.
+where a resume would find it. `latest` names a complete checkpoint at every instant: a re-save
+at a step that already has a checkpoint (`_publish`) first points `latest` at a hard-linked copy
+of the new one (`.resave-step_...-XXXX`), then removes the old one. Loading re-hashes every file
+against the manifest: a truncated or altered checkpoint is an error that names it, never a
+silent fresh start.
+
+Retention (`keep`) deletes only checkpoints lockstep wrote (`step_` and eight digits, holding
+a manifest of that step), never another folder in the checkpoint directory. lockstep's own
+files are read with `torch.load(weights_only=True)` and numpy's RNG state array allowlisted
+(`load_file`); DeepSpeed's `load_checkpoint` and `ds_to_universal` unpickle their own files
+with `weights_only=False` (README, "Checkpoints").
 """
 
 from __future__ import annotations
@@ -22,7 +31,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import random
+import re
+import secrets
 import shutil
 from datetime import timedelta
 from pathlib import Path
@@ -36,6 +48,9 @@ from lockstep.errors import RankTimeout, UsageError
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
+FORMAT = "lockstep.checkpoint/1"
+STEP_DIR = re.compile(r"step_(\d{8})")
+RESAVE_PREFIX = ".resave-"
 BARRIER_TIMEOUT = timedelta(minutes=10)
 
 
@@ -92,21 +107,89 @@ def save(engine, root: Path, step: int, client_state: dict[str, Any], keep: int)
     barrier("checkpoint: writing shards")
     if rank == 0:
         manifest = {
+            "format": FORMAT,
             "step": step,
             "engine": engine.cfg.engine.name,
             "world_size": dist.get_world_size(),
             "files": {str(p.relative_to(tmp)): [p.stat().st_size, _sha256(p)] for p in _files(tmp)},
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        pointer = root / f".{LATEST}.tmp"
-        pointer.write_text(name + "\n")
-        os.replace(pointer, root / LATEST)
-        for old in sorted(root.glob("step_*"))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+        publish(root, tmp, name)
+        retain(root, keep)
     barrier("checkpoint: publishing")
     return final
+
+
+def _point(root: Path, name: str) -> None:
+    """Replace `latest` with `name` atomically."""
+    pointer = root / f".{LATEST}.tmp"
+    with pointer.open("w") as fh:
+        fh.write(name + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(pointer, root / LATEST)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # a file system without hard links
+        shutil.copy2(src, dst)
+
+
+def publish(root: Path, tmp: Path, name: str) -> Path:
+    """Move the complete checkpoint `tmp` to root/name and point `latest` at it, so that
+    `latest` names a complete checkpoint at every instant, wherever the process is killed.
+
+    Where root/name exists already (a re-save at the same step, which `latest` may name), the
+    new checkpoint is first published as a hard-linked copy under a name of its own and
+    `latest` pointed there; only then is the old one removed and `tmp` renamed into place.
+    """
+    final = root / name
+    if final.exists():
+        staged = root / f"{RESAVE_PREFIX}{name}-{secrets.token_hex(4)}"
+        shutil.copytree(tmp, staged, copy_function=_link_or_copy)
+        _point(root, staged.name)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _point(root, name)
+    for stale in root.glob(f"{RESAVE_PREFIX}step_*"):  # `latest` names none of them now
+        shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def written_by_lockstep(path: Path) -> int | None:
+    """The step of a checkpoint folder lockstep wrote (`step_` and 8 digits, holding a manifest
+    of that step), else None: retention and `find` leave every other folder alone."""
+    match = STEP_DIR.fullmatch(path.name)
+    if not match or not path.is_dir():
+        return None
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    step = int(match.group(1))
+    ours = isinstance(manifest, dict) and manifest.get("step") == step
+    return step if ours and isinstance(manifest.get("files"), dict) else None
+
+
+def published(root: Path) -> list[Path]:
+    """lockstep's checkpoints under `root`, oldest step first."""
+    found = [(written_by_lockstep(p), p) for p in root.glob("step_*")]
+    return [p for step, p in sorted((s, p) for s, p in found if s is not None)]
+
+
+def retain(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` of lockstep's checkpoints (never the one `latest`
+    names, never a folder lockstep did not write); returns what it deleted."""
+    try:
+        current = (root / LATEST).read_text().strip()
+    except OSError:
+        current = None
+    doomed = [p for p in published(root)[:-keep] if p.name != current] if keep > 0 else []
+    for old in doomed:
+        shutil.rmtree(old, ignore_errors=True)
+    return doomed
 
 
 def find(root: Path, resume: str) -> Path | None:
@@ -120,10 +203,10 @@ def find(root: Path, resume: str) -> Path | None:
         return path
     pointer = root / LATEST
     if not pointer.exists():
-        published = sorted(root.glob("step_*"))
-        if published:
+        ours = published(root)
+        if ours:
             raise UsageError(
-                f"{root} holds {published[-1].name} but no '{LATEST}' pointer; set "
+                f"{root} holds {ours[-1].name} but no '{LATEST}' pointer; set "
                 f"checkpoint.resume to the directory to use, or 'never' to start afresh"
             )
         return None
@@ -190,5 +273,27 @@ def load(engine, path: Path) -> dict[str, Any]:
     client = engine.load(path, saved_world_size)
     rng_file = path / "rng" / f"rank{dist.get_rank():05d}.pt"
     if rng_file.exists():  # absent when resuming at a larger world size: keep the fresh seed
-        set_rng_state(torch.load(rng_file, weights_only=False))
+        set_rng_state(load_file(rng_file))
     return client
+
+
+def _allowed_globals() -> list:
+    """What lockstep's own checkpoint files hold beyond tensors and plain containers: numpy's
+    RNG state (an ndarray of uint32)."""
+    from numpy._core.multiarray import _reconstruct
+
+    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_file(path: Path, map_location: str | None = "cpu") -> Any:
+    """`torch.load` of a file lockstep wrote (RNG state, trainer state, a check's records):
+    `weights_only=True` with numpy's RNG array allowlisted, so a file planted in a shared
+    checkpoint folder cannot run code when a resume reads it."""
+    try:
+        with torch.serialization.safe_globals(_allowed_globals()):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(
+            f"{path}: refusing to unpickle it: it holds more than lockstep writes ({first})"
+        ) from None

@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from lockstep.train.checkpoint import load_file
 from lockstep.train.engines.base import (
     Context,
     Engine,
@@ -141,7 +142,7 @@ class NativeEngine(Engine):
             model_state_dict=state["model"],
             optim_state_dict=state["optim"],
         )
-        extra = torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=False)
+        extra = load_file(path / TRAINER_STATE)  # weights_only=True, lockstep's allowlist
         self.scheduler.load_state_dict(extra["scheduler"])
         if self.scaler and extra["scaler"]:
             self.scaler.load_state_dict(extra["scaler"])
