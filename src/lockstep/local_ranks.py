@@ -10,6 +10,12 @@ does, in this process: a c10d rendezvous on the loopback with a port the OS pick
 `rank_environment` sets what ranks need before torch and DeepSpeed start. Which launcher
 started *this* process is `lockstep.env.launcher`.
 
+Nothing outlives a launch: each one's torchelastic folder (its ranks' error.json) lives in a
+temporary folder removed after it; torchelastic's signal handlers are restored after it (a
+SIGINT during it ends in KeyboardInterrupt, exit 130, not its SignalException); a rank started
+as a new process, and another launcher's whole process group, die with this process even when
+it is SIGKILLed (`PR_SET_PDEATHSIG`); a forked rank watches it (`die_with`).
+
 On CPU, `run_local`'s ranks are forked from a forkserver that imported torch, transformers and
 DeepSpeed once (its preload), instead of each spawned rank importing them again (2-6 s of CPU
 each): the forkserver is a single-threaded process that ran no torch op, so its children start
@@ -24,9 +30,12 @@ import logging
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import uuid
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -58,7 +67,9 @@ def rank_environment(
 
 
 def standalone_config(nproc: int, name: str, **overrides):
-    """A LaunchConfig for `nproc` local ranks; `overrides` set any other LaunchConfig field."""
+    """A LaunchConfig for `nproc` local ranks; `overrides` set any other LaunchConfig field.
+    Without `logs_specs` torchelastic makes a `torchelastic_*` folder it never removes: pass
+    the one `_launch()` yields."""
     from torch.distributed.launcher.api import LaunchConfig
 
     fields = {
@@ -73,6 +84,161 @@ def standalone_config(nproc: int, name: str, **overrides):
     }
     fields.update(overrides)
     return LaunchConfig(**fields)
+
+
+# The signals torchelastic's launch turns into its SignalException (LaunchConfig's default).
+LAUNCH_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+def stopped_by(signum: int) -> BaseException:
+    """What a signal that stops a command becomes: KeyboardInterrupt for SIGINT (the CLI's
+    exit 130), otherwise a one-line error with the shell's exit code for it, 128 + signum."""
+    if signum == signal.SIGINT:
+        return KeyboardInterrupt()
+    from lockstep.errors import LockstepError
+
+    return LockstepError(f"stopped by {signal.Signals(signum).name}", 128 + signum)
+
+
+@contextlib.contextmanager
+def signals_raise(*names: str):
+    """While inside (main thread only): `names` (default SIGTERM, SIGHUP) raise `stopped_by`
+    in the main thread, so `finally` blocks run instead of the process just ending; the
+    previous handlers are restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise stopped_by(signum)
+
+    sigs = [getattr(signal, n) for n in names or ("SIGTERM", "SIGHUP")]
+    saved = {sig: signal.signal(sig, handler) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def signals_deferred(*names: str):
+    """While inside (main thread only): `names` (default SIGINT, SIGTERM, SIGHUP) are held,
+    so a cleanup runs to its end; the first one that came is raised after (`stopped_by`)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    sigs = [getattr(signal, n) for n in names or ("SIGINT", "SIGTERM", "SIGHUP")]
+    saved = {sig: signal.signal(sig, lambda signum, frame: came.append(signum)) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+        if came:
+            raise stopped_by(came[0])
+
+
+@contextlib.contextmanager
+def _launch():
+    """Around one torchelastic launch: yields the LogsSpecs for its LaunchConfig, whose folder
+    (torchelastic's `torchelastic_*` under /tmp otherwise, never removed, with each failed
+    rank's raw traceback in error.json) is a temporary one removed after. The signal handlers
+    torchelastic installs (`PContext.start`) and its TORCHELASTIC_SIGNALS_TO_HANDLE are put
+    back as they were, and its SignalException becomes `stopped_by` the signal."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        saved = {sig: signal.getsignal(sig) for sig in (getattr(signal, n) for n in LAUNCH_SIGNALS)}
+    saved_env = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
+    folder = tempfile.mkdtemp(prefix="lockstep-launch-")
+    try:
+        yield DefaultLogsSpecs(log_dir=folder)
+    except SignalException as exc:
+        raise stopped_by(exc.sigval) from None
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+        if saved_env is None:
+            os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
+        else:
+            os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = saved_env
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _pdeathsig(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
+    """This process gets `sig` when its parent (the thread that started it) ends, SIGKILL
+    included (Linux's PR_SET_PDEATHSIG); if `parent` is already gone, it ends now."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG
+    if parent is not None and os.getppid() != parent:
+        os._exit(128 + int(sig))
+
+
+# `python -c` run as a rank's program: PR_SET_PDEATHSIG (kept across exec), then exec the real
+# program. stdlib only, `-I -S`: about 10 ms.
+_EXEC_DYING_WITH_PARENT = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):
+    os._exit(137)
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as err:
+    print(f"lockstep: cannot run {sys.argv[2]!r}: {err.strerror}", file=sys.stderr, flush=True)
+    os._exit(127)
+"""
+
+# `python -c` run as another launcher's session leader: the launcher as its child, in the same
+# process group; when this process's parent ends (lockstep, SIGKILL included) it gets SIGTERM
+# (PR_SET_PDEATHSIG) and ends the whole group: SIGTERM (the deepspeed launcher ends its ranks
+# on it), then, once the launcher has exited (10 s at most), SIGKILL for what is left of the
+# group. Its exit code is the launcher's.
+_KEEP_SESSION = """\
+import ctypes, os, signal, subprocess, sys
+class Stop(Exception):
+    pass
+def stop(signum, frame):
+    raise Stop
+signal.signal(signal.SIGTERM, stop)
+ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)
+try:
+    if os.getppid() != int(sys.argv[1]):
+        raise Stop
+    pid = subprocess.Popen(sys.argv[2:]).pid
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+except Stop:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.killpg(0, signal.SIGTERM)
+    signal.signal(signal.SIGALRM, stop)
+    signal.alarm(10)
+    try:
+        os.waitpid(pid, 0)
+    except (NameError, ChildProcessError, Stop):
+        pass
+    os.killpg(0, signal.SIGKILL)
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
+def _dying_with_parent(program: str, args: list) -> tuple[str, list]:
+    """`program args` as a rank's program that dies with this process (`_EXEC_DYING_WITH_PARENT`)."""
+    if sys.platform != "linux":
+        return program, args
+    return sys.executable, ["-I", "-S", "-c", _EXEC_DYING_WITH_PARENT, str(os.getpid()),
+                            program, *args]  # fmt: skip
+
+
+def _spawned_rank(parent: int, fn, *args):
+    """A spawned rank's entry point: die with the launching process, then `fn(*args)`."""
+    _pdeathsig(signal.SIGKILL, parent)
+    return fn(*args)
 
 
 class _Scrub(logging.Filter):
@@ -223,12 +389,13 @@ def run_local(fn, args: tuple, nproc: int, name: str, device: str, preload=(), *
     if device == "cpu":
         server = _forkserver(preload)
         entry, args = _in_environ, (_Launcher(server, dict(os.environ)), fn, *args)
-        config = standalone_config(nproc, name, start_method="forkserver", **overrides)
+        overrides["start_method"] = "forkserver"
     else:
-        entry = fn
-        config = standalone_config(nproc, name, start_method="spawn", **overrides)
+        entry, args = _spawned_rank, (os.getpid(), fn, *args)
+        overrides["start_method"] = "spawn"
     try:
-        with scrubbed_logs():
+        with _launch() as logs, scrubbed_logs():
+            config = standalone_config(nproc, name, logs_specs=logs, **overrides)
             results = elastic_launch(config, entry)(*args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
@@ -254,9 +421,10 @@ def run_local_cli(nproc: int, argv: list[str]) -> int:
     agent = logging.getLogger("torch.distributed.elastic")
     level = agent.level
     agent.setLevel(logging.CRITICAL)
-    config = standalone_config(nproc, argv[0])
+    program, args = _dying_with_parent(sys.executable, ["-m", "lockstep", *argv])
     try:
-        elastic_launch(config, sys.executable)("-m", "lockstep", *argv)
+        with _launch() as logs:
+            elastic_launch(standalone_config(nproc, argv[0], logs_specs=logs), program)(*args)
     except ChildFailedError as err:
         codes = {f.exitcode for f in err.failures.values()}
         return max(codes) if codes <= {EXIT_FAIL, EXIT_USAGE, EXIT_TIMEOUT} else EXIT_TIMEOUT
@@ -384,15 +552,17 @@ def run_command(argv: list[str], nproc: int, log: Path, *, env: dict, timeout: f
         server = _forkserver()  # before _killer: it stays
         program = _in_environ
         args = [_Launcher(server, env), _run_script, str(log), str(cwd or os.getcwd()), *argv]
-        config = standalone_config(nproc, "script", start_method="forkserver")
+        start = {"start_method": "forkserver"}
     else:
-        program, args = _program(argv)
-        config = standalone_config(nproc, "script")
+        program, args = _dying_with_parent(*_program(argv))
+        start = {}
     expired, kill = [], _killer()
     timer = threading.Timer(timeout, lambda: (expired.append(True), kill()))
     timer.daemon = True
     watching = watch(os.getpid()) if watch else contextlib.nullcontext()
-    with scrubbed_log(log) as out, _job_process(env, cwd, out), scrubbed_logs(), watching:
+    with scrubbed_log(log) as out, _launch() as logs, _job_process(env, cwd, out), \
+            scrubbed_logs(), watching:  # fmt: skip
+        config = standalone_config(nproc, "script", logs_specs=logs, **start)
         timer.start()
         try:
             elastic_launch(config, program)(*args)
@@ -401,6 +571,9 @@ def run_command(argv: list[str], nproc: int, log: Path, *, env: dict, timeout: f
             out.write(f"{err.format_msg()}\n".encode())  # as torchrun prints it
             out.flush()
             code = err.get_first_failure()[1].exitcode or 1
+        except BaseException:
+            kill()  # interrupted: whatever a rank started in a session of its own too
+            raise
         finally:
             timer.cancel()
     return None if expired else code
@@ -410,19 +583,38 @@ def run_launcher(command: list[str], log: Path, *, env: dict, timeout: float,
                  cwd: Path | None = None, watch=None) -> int | None:  # fmt: skip
     """Run a launcher command in its own process group, its output (every rank's) redacted
     into `log`; its exit code, or None when it ran past `timeout` and the whole group was
-    killed. `watch(pid)`, a context manager, runs around the wait (gate's process monitor)."""
+    killed. `watch(pid)`, a context manager, runs around the wait (gate's process monitor).
+
+    The group ends with this process: on an interrupt (Ctrl-C, a signal made an exception)
+    before the log is closed, and, through a session keeper (`_KEEP_SESSION`), when this
+    process is killed."""
     from lockstep.redact import scrubbed_log
 
+    if sys.platform == "linux":
+        command = [sys.executable, "-I", "-S", "-c", _KEEP_SESSION, str(os.getpid()), *command]
     with scrubbed_log(log) as out:  # the job's own output may quote a secret
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 cwd=cwd, start_new_session=True)  # fmt: skip
-        with watch(proc.pid) if watch else contextlib.nullcontext():
-            try:
-                return proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                return None
+        try:
+            with watch(proc.pid) if watch else contextlib.nullcontext():
+                try:
+                    return proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    _end_group(proc, grace=0)
+                    return None
+        except BaseException:
+            _end_group(proc, grace=10)
+            raise
+
+
+def _end_group(proc: subprocess.Popen, grace: float) -> None:
+    """End `proc`'s process group: SIGTERM, up to `grace` seconds for `proc` to exit, then
+    SIGKILL for all that is left of the group."""
+    for sig in (signal.SIGTERM, signal.SIGKILL) if grace else (signal.SIGKILL,):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace or 30)
 
 
 def aborted_at_exit(text: str) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -100,12 +101,19 @@ def run_checks(args: argparse.Namespace) -> int:
         raise UsageError("--nproc must be at least 1 and --steps at least 2")
     sizes = _sizes(args.world_sizes)
     workdir = args.out or Path(tempfile.mkdtemp(prefix="lockstep-check-"))
-    if args.config is not None:
-        results = _harness_checks(args, sizes, workdir)
-    else:
-        results = _script_checks(args, sizes, workdir)
+    try:
+        if args.config is not None:
+            results = _harness_checks(args, sizes, workdir)
+        else:
+            results = _script_checks(args, sizes, workdir)
+    except BaseException:
+        if args.out is None and not any(workdir.iterdir()):
+            workdir.rmdir()  # nothing ran; what did run keeps the log its error names
+        raise
     if not all(r.passed for r in results):
         print(f"runs and logs: {workdir}")
+    elif args.out is None:  # the runs' checkpoints and logs, in a folder of our own: gone
+        shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
         from lockstep.redact import redact_mapping
 

@@ -61,21 +61,29 @@ def worktree(repo: Path, ref: str, into: Path) -> Path:
         )
     except (OSError, subprocess.CalledProcessError):
         raise UsageError(f"--base {ref}: not a commit of the git repository at {repo}") from None
-    subprocess.run(
-        ["git", "-C", str(repo), "worktree", "add", "--detach", "--force", str(target), ref],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    try:
+        subprocess.run(
+            ["git", "-C", str(repo), "worktree", "add", "--detach", "--force", str(target), ref],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        detail = getattr(err, "stderr", None) or str(err).encode()
+        line = detail.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise UsageError(f"git worktree add {ref} failed: {line[0]}") from None
     return target
 
 
 def remove_worktree(repo: Path, target: Path) -> None:
-    subprocess.run(
-        ["git", "-C", str(repo), "worktree", "remove", "--force", str(target)],
-        capture_output=True,
-        timeout=120,
-    )
+    """Remove the worktree at `target`, also one `git worktree add` left half made (then
+    only prune knows it), and its folder."""
+    for args in (["remove", "--force", str(target)], ["prune"]):
+        try:
+            subprocess.run(["git", "-C", str(repo), "worktree", *args], capture_output=True,
+                           timeout=120)  # fmt: skip
+        except (OSError, subprocess.SubprocessError):
+            pass
     shutil.rmtree(target, ignore_errors=True)
 
 
@@ -185,21 +193,27 @@ def run_ab(
     workdir: Path | None = None,
     progress=print,
 ):
-    """Check out `ref`, alternate, judge. Returns (comparisons, findings)."""
+    """Check out `ref`, alternate, judge. Returns (comparisons, findings).
+
+    The worktree and the temporary folder go however it ends: SIGTERM and SIGHUP raise here
+    (`signals_raise`) so the cleanup runs, Ctrl-C raises KeyboardInterrupt."""
+    from lockstep.local_ranks import signals_deferred, signals_raise
+
     if job.run_path:  # forked ranks would run the base tree's script with this tree's lockstep
         raise UsageError(
             "gate ab runs the base tree's code, which a forkserver holding this tree's "
             "lockstep cannot: drop --run-path"
         )
     head_tree = repo_root(Path.cwd())
-    tmp = Path(tempfile.mkdtemp(prefix="lockstep-ab-"))
-    base_tree = worktree(head_tree, ref, tmp)
-    try:
-        wd = workdir or tmp / "runs"
-        base, head = alternate(job, base_tree, head_tree, rounds, wd, progress)
-    finally:
-        remove_worktree(head_tree, base_tree)
-        if workdir is None:
-            shutil.rmtree(tmp, ignore_errors=True)
+    with signals_raise():
+        tmp = Path(tempfile.mkdtemp(prefix="lockstep-ab-"))
+        try:
+            base_tree = worktree(head_tree, ref, tmp)
+            wd = workdir or tmp / "runs"
+            base, head = alternate(job, base_tree, head_tree, rounds, wd, progress)
+        finally:
+            with signals_deferred():  # a second Ctrl-C or SIGTERM waits for the cleanup
+                remove_worktree(head_tree, tmp / "base")
+                shutil.rmtree(tmp, ignore_errors=True)
     comparisons = judge(base, head, threshold, alpha)
     return comparisons, findings(comparisons, threshold, alpha)
