@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from lockstep import extras
 from lockstep.checks import registry
 from lockstep.errors import EXIT_FAIL, EXIT_OK, UsageError
 
@@ -146,6 +147,7 @@ def _harness_checks(args: argparse.Namespace, sizes: list[int], workdir: Path) -
     overrides = list(args.overrides) + ([f"steps={args.steps}"] if args.steps else [])
     cfg = load_config(args.config, overrides)
     cfg.check(args.nproc)
+    extras.require_config(f"lockstep check {args.config}", cfg, wandb=False)  # harness: no wandb
     if args.rtol is not None or args.atol is not None:
         raise UsageError("--rtol/--atol apply to --script; checks on a CONFIG use fixed tolerances")
     if args.launcher is not None or args.run_path:

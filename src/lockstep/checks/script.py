@@ -62,6 +62,10 @@ class ScriptRunner:
             raise UsageError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
         if run_path and launcher != "torchrun":
             raise UsageError("--run-path is torchrun's: drop it or --launcher deepspeed")
+        if launcher == "deepspeed":
+            from lockstep import extras
+
+            extras.require("--launcher deepspeed", {"deepspeed": "its launcher"})
         self.run_path = run_path
         self.command = command
         self.workdir = workdir

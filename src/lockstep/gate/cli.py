@@ -109,9 +109,10 @@ def _report_args(p, plots: bool = True) -> None:
 
 
 def _job(args):
+    from lockstep import extras
     from lockstep.gate.job import Job
 
-    return Job(
+    job = Job(
         nproc=args.nproc,
         steps=args.steps,
         config=args.config,
@@ -120,6 +121,12 @@ def _job(args):
         timeout=args.timeout,
         run_path=args.run_path,
     )
+    what = f"lockstep gate {args.gate_command}"
+    if job._cfg is not None:  # before any run starts
+        extras.require_config(f"{what} {args.config}", job._cfg)
+    if getattr(args, "plot", None):
+        extras.require(f"{what} --plot", {"matplotlib": "the plots"})
+    return job
 
 
 def _progress(line: str) -> None:
@@ -252,6 +259,9 @@ def _finish(args, result, title: str, refresh: str | None, notes: list[str] = ()
     report.show(title, result.findings, notes)
     images = []
     if getattr(args, "plot", None):
+        from lockstep import extras
+
+        extras.require("lockstep gate --plot", {"matplotlib": "the plots"})
         from lockstep.gate.plot import plot_all
 
         images = [str(p) for p in plot_all(result.golden, result.run, result.findings, args.plot)]

@@ -35,11 +35,13 @@ def register(subparsers) -> None:
 def run_train(args: argparse.Namespace) -> int:
     """One rank of an outer launch (`lockstep.env.launcher` reads which), or, with none,
     `--nproc` local ranks started here after the config and resume checks."""
+    from lockstep import extras
     from lockstep.env import launcher
     from lockstep.errors import EXIT_FAIL, UsageError
     from lockstep.train.config import load_config
 
     cfg = load_config(args.config, args.overrides)
+    extras.require_config(f"lockstep train {args.config}", cfg)  # before any rank starts
     out = Path(args.out)
     info = launcher.adopt()  # sets RANK, MASTER_ADDR, ... for srun, mpirun and PMI too
     if info is None:
@@ -93,9 +95,12 @@ def rank_main(config: dict, out_dir: str):
 
 
 def run_ds_config(args: argparse.Namespace) -> int:
+    from lockstep import extras
     from lockstep.errors import EXIT_FAIL, EXIT_OK
     from lockstep.local_ranks import rank_environment
     from lockstep.train.deepspeed_config import problems, read_json
+
+    extras.require("lockstep ds-config", {"deepspeed": "its config classes"})
 
     # Only DeepSpeed's config classes are needed: skip its accelerator probe and its banner.
     rank_environment("cpu")
