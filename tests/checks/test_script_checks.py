@@ -129,6 +129,31 @@ def test_crashing_script_is_bad_input_in_one_line(tmp_path, run_path):
     assert "run 'determinism-1' exited 1: no data found at /nowhere" in proc.stderr
 
 
+def test_a_python_on_path_other_than_lockstep_s_is_named(tmp_path):
+    """`./venv/bin/lockstep check --script 'python train.py'`, the venv not activated: the
+    `python` on PATH has no torch; the error says so instead of blaming the script."""
+    import os
+    import sys
+
+    other = os.path.realpath(sys.executable)  # the venv's base interpreter: not the venv
+    if subprocess.run([other, "-c", "import torch"], capture_output=True).returncode == 0:
+        pytest.skip(f"{other} imports torch")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(other)
+    (tmp_path / "train.py").write_text("import torch\n")
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", path)
+        proc, _ = check("determinism", "--script", "python train.py", "--nproc", "1",
+                        cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "No module named 'torch'" in proc.stderr
+    assert f"the `python` on PATH ({bin_dir / 'python'}) is not the interpreter running " \
+        f"lockstep ({sys.executable})" in proc.stderr  # fmt: skip
+
+
 def test_run_path_keeps_the_output_and_the_code_of_os_exit(tmp_path):
     """Under --run-path a script's os._exit(n) ends it as sys.exit(n) (torchelastic's function
     mode needs the rank to return), its output in the run's log."""

@@ -22,7 +22,9 @@ checkpoint. Any other crash is bad input.
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import shutil
 import socket
 import sys
 import time
@@ -206,6 +208,14 @@ class ScriptRunner:
             )
             return
         last = last_error_line(log)
+        other = other_python(script_argv(self.command, {p: "" for p in PLACEHOLDERS}))
+        if other and "No module named" in last:
+            raise UsageError(
+                f"run '{name}' exited {code}: {last}: the `{os.path.basename(other)}` on PATH "
+                f"({other}) is not the interpreter running lockstep ({sys.executable}): "
+                "activate its venv, or write the script command with that path "
+                f"(--script '{sys.executable} ...') (log: {log})"
+            )
         if ABORT_SIGNATURE in text:
             why = "at interpreter exit" if at_exit else "while the script was running"
             missing = (
@@ -232,6 +242,32 @@ def _fresh_checkpoint(folder: Path, since: float) -> bool:
         and all(p.stat().st_size > 0 for p in files)
         and any(p.stat().st_mtime >= since - 1 for p in files)
     )
+
+
+PYTHON_NAME = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+def other_python(argv: list[str], path: str | None = None) -> str | None:
+    """The interpreter a command run as `python ...` (or python3, python3.11) finds on PATH
+    (`path`, default this process's), when it is not the one running lockstep (another venv,
+    or the system's, without torch or lockstep); None when it is, or for any other command."""
+    if not argv or not PYTHON_NAME.fullmatch(argv[0]):
+        return None
+    found = shutil.which(argv[0], path=path if path is not None else os.environ.get("PATH"))
+    if found is None or _prefix(found) == _prefix(sys.executable):
+        return None
+    return found
+
+
+def _prefix(executable: str) -> str:
+    """The environment an interpreter runs in, as its startup finds it: a venv's folder (a
+    pyvenv.cfg beside it or one level up, before any symlink is followed; a venv's python is
+    a symlink to its base interpreter), else the installation the resolved binary is in."""
+    here = os.path.dirname(os.path.abspath(executable))
+    for folder in (here, os.path.dirname(here)):
+        if os.path.isfile(os.path.join(folder, "pyvenv.cfg")):
+            return os.path.realpath(folder)
+    return os.path.dirname(os.path.dirname(os.path.realpath(executable)))
 
 
 def _free_port() -> int:
