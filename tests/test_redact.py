@@ -258,3 +258,20 @@ def test_the_same_secret_shows_the_same_digest_in_every_form():
     bare = scrub_text(f"cloned with {GHP}")
     named = scrub_text(f"GITHUB_TOKEN={GHP}")
     assert bare.split("<redacted:")[1] == named.split("<redacted:")[1]
+
+
+def test_quoted_values_inside_reprs_json_and_shell_quoting():
+    import json
+    import shlex
+
+    texts = [
+        repr("Command '['train', '--token', 'argv-30']' failed\" Config(api_key='cfg-31')"),
+        json.dumps({"cmd": 'run --token "q 32" API_KEY="k 33"'}),
+        "--set " + shlex.quote("logging.project=Config(api_key='cfg-34', n='a')"),
+    ]
+    for text, secrets in zip(
+        texts, [("argv-30", "cfg-31"), ("q 32", "k 33"), ("cfg-34",)], strict=True
+    ):
+        out = scrub_text(text)
+        assert not any(s in out for s in secrets) and "<redacted:" in out, out
+    assert json.loads(scrub_text(texts[1]))["cmd"].startswith('run --token "<redacted:')

@@ -97,6 +97,14 @@ _BLOCK = re.compile(
 # per form, so the scrub stays linear in its length.
 _DQ = r"\"(?:[^\"\\\n]|\\.)*\""
 _SQ = r"'(?:[^'\\\n]|\\.)*'"
+# A quoted value inside a string's repr or in JSON, its quotes escaped: \'x\', \"x\"; and in
+# a shell-quoted argument, '"'"'x'"'"' (`shlex.quote` of `api_key='x'`).
+_ESCAPED = (
+    r"\\\"(?:[^\"\\\n]|\\[^\"\n])*\\\"|\\'(?:[^'\\\n]|\\[^'\n])*\\'"
+    r"|'\"'\"'(?:(?!'\"'\"')[^\n])*'\"'\"'"
+)
+_SHELL_QUOTE = "'\"'\"'"
+_QUOTED = rf"{_ESCAPED}|{_DQ}|{_SQ}"
 _NULLS = frozenset({"null", "None", "true", "false", "True", "False", "~"})
 _SHORT_FLAG_PLAIN = re.compile(r"[/.~$-]|no:|\d+:\d+")  # a path, pytest's -p no:x, a port map
 
@@ -117,32 +125,34 @@ _FORMS = (
     _Form(r"\b(?P<name>bearer|basic)\s+", r"[A-Za-z0-9._~+/=:-]{6,}", flags=re.IGNORECASE),
     _Form(  # "name": "value", 'name': 'value' (JSON, Python reprs)
         r"(?P<q>[\"'])(?P<name>[^\"'\n]{1,80})(?P=q)\s*:\s*",
-        rf"{_DQ}|{_SQ}|[^,{{}}\[\]\s]+",
+        rf"{_QUOTED}|[^,{{}}\[\]\s]+",
         "json",
     ),
     _Form(  # os.environ["HF_TOKEN"] = "..."
         r"\[\s*(?P<q>[\"'])(?P<name>[^\"'\n]{1,80})(?P=q)\s*\]\s*=(?!=)\s*",
-        rf"{_DQ}|{_SQ}|[^\s,;)\]]+",
+        rf"{_QUOTED}|[^\s,;)\]]+",
     ),
-    _Form(  # ['--token', 'x'] (an argv's repr), setdefault("HF_TOKEN", "x")
-        r"(?P<q>[\"'])(?P<name>-{0,2}[A-Za-z_][\w.-]{0,79})(?P=q)\s*,\s*", rf"{_DQ}|{_SQ}", "pair"
+    _Form(  # ['--token', 'x'] (an argv's repr, escaped in a repr too), setdefault("TOKEN", "x")
+        r"\\?(?P<q>[\"'])(?P<name>-{0,2}[A-Za-z_][\w.-]{0,79})\\?(?P=q)\s*,\s*", _QUOTED, "pair"
     ),
     _Form(r"[?&;](?P<name>[\w.-]+)=", r"[^&#\s\"']+"),  # signed URLs' query parameters
     _Form(  # NAME=value, --name=value
         r"(?<![\w.-])-{0,2}(?P<name>[A-Za-z_][\w.-]*)\s*=(?!=)\s*",
-        r"\"[^\"\n]*\"|'[^'\n]*'|[^\s\"']+",
+        rf"{_ESCAPED}|\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'\\]+",
     ),
     _Form(  # NAME: value (YAML: to the end of the line, or of the JSON string it is in)
         r"(?<![\w.-])-{0,2}(?P<name>[A-Za-z_][\w.-]*)[ \t]*:[ \t]+",
-        r"\"[^\"\n]*\"|'[^'\n]*'|(?:[^\n\"\\]|\\[^\"\n])+",
+        rf"{_ESCAPED}|\"[^\"\n]*\"|'[^'\n]*'|(?:[^\n\"\\]|\\[^\"\n])+",
         "yaml",
     ),
     _Form(  # --name value, --name "a b"
         r"(?<![\w-])--(?P<name>[A-Za-z][\w-]*)\s+",
-        r"\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'-][^\s\"']*",
+        rf"{_ESCAPED}|\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'\\-][^\s\"'\\]*",
     ),
     _Form(  # -p value (mysql, docker login, sshpass)
-        r"(?<![\w-])-(?P<name>p)(?:[ \t]+|=)", r"\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'][^\s\"']*", "short"
+        r"(?<![\w-])-(?P<name>p)(?:[ \t]+|=)",
+        rf"{_ESCAPED}|\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'\\][^\s\"'\\]*",
+        "short",
     ),
     _Form(  # wandb's "Invalid API key <key>", "API key is <key>"
         r"(?i)\b(?P<name>api[ -]key)(?:[ \t]+is)?[ \t]*:?[ \t]+",
@@ -207,7 +217,11 @@ def _replacement(form: _Form, m: re.Match, value: str) -> str | None:
     elif form.kind == "short" and _SHORT_FLAG_PLAIN.match(value):
         return None
     quote = value[0] if len(value) > 1 and value[0] in "\"'" and value[-1] == value[0] else ""
-    inner = value[1:-1] if quote else value
+    if value[:1] == "\\" and len(value) > 3 and value[:2] == value[-2:]:
+        quote = value[:2]  # \'x\' in a repr, \"x\" in JSON
+    elif value.startswith(_SHELL_QUOTE) and len(value) > 10 and value.endswith(_SHELL_QUOTE):
+        quote = _SHELL_QUOTE
+    inner = value[len(quote) : len(value) - len(quote)]
     if not inner or inner.startswith("<redacted:"):
         return None
     if form.kind == "json" and not quote:

@@ -77,9 +77,14 @@ def _rank() -> int:
 
 
 def _plain(value):
-    """Tensors and numpy scalars become Python numbers; NaN and inf become strings (JSON)."""
+    """Tensors and numpy scalars become Python numbers; NaN and inf become strings (JSON); a
+    string is redacted (`lockstep.redact`): checks quote the values they compare."""
     if hasattr(value, "item"):
         value = value.item()
+    if isinstance(value, str):
+        from lockstep.redact import scrub_text
+
+        return scrub_text(value)
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
     return value
