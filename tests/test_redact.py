@@ -275,3 +275,15 @@ def test_quoted_values_inside_reprs_json_and_shell_quoting():
         out = scrub_text(text)
         assert not any(s in out for s in secrets) and "<redacted:" in out, out
     assert json.loads(scrub_text(texts[1]))["cmd"].startswith('run --token "<redacted:')
+
+
+def test_a_verdict_line_is_not_a_password():
+    line = "### lockstep preflight: PASS: 2 ranks on 1 node, torchelastic, gloo, 0.293 s"
+    assert scrub_text(line) == line
+    assert "hunter2" not in scrub_text("PASS=hunter2 DB_PASS: hunter2")
+
+
+def test_a_secret_name_as_a_json_value_does_not_take_the_next_key():
+    text = '{"field": "env.HF_TOKEN", "value": "<redacted:00>", "expected": "x"}'
+    assert scrub_text(text) == text
+    assert "hunter2" not in scrub_text("['--token', 'hunter2']")

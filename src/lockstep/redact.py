@@ -50,6 +50,8 @@ _PLAIN_KEYS = frozenset(
 )
 # A name ending in these is an exception's or a warning's (`KeyError`, `TokenExpiredError`).
 _NOT_A_VALUE = frozenset({"ERROR", "EXCEPTION", "WARNING"})
+# Upper-case verdicts that open a line of lockstep's own (`PASS: ...`): `PASS` is no password there.
+_VERDICTS = frozenset({"PASS"})
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _PARTS = re.compile(r"[^A-Z0-9]+")
 
@@ -133,7 +135,9 @@ _FORMS = (
         rf"{_QUOTED}|[^\s,;)\]]+",
     ),
     _Form(  # ['--token', 'x'] (an argv's repr, escaped in a repr too), setdefault("TOKEN", "x")
-        r"\\?(?P<q>[\"'])(?P<name>-{0,2}[A-Za-z_][\w.-]{0,79})\\?(?P=q)\s*,\s*", _QUOTED, "pair"
+        r"\\?(?P<q>[\"'])(?P<name>-{0,2}[A-Za-z_][\w.-]{0,79})\\?(?P=q)\s*,\s*",
+        rf"(?:{_QUOTED})(?!\s*:)",  # not the next key of a JSON object: `"field": "X_TOKEN", "value": ...`
+        "pair",
     ),
     _Form(r"[?&;](?P<name>[\w.-]+)=", r"[^&#\s\"']+"),  # signed URLs' query parameters
     _Form(  # NAME=value, --name=value
@@ -209,6 +213,8 @@ def redacted(value: object) -> str:
 def _replacement(form: _Form, m: re.Match, value: str) -> str | None:
     """What a secret value after `m` becomes, or None to leave it."""
     if form.kind == "yaml":
+        if m["name"] in _VERDICTS:
+            return None  # a verdict line (`PASS: 2 ranks on 1 node`), not a password
         value = value.rstrip()
         if value in _NULLS or (value[:1] in "|>" and not value.strip("|>-+0123456789")):
             return None  # nothing to hide; a block scalar is `_blocks`'

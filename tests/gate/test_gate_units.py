@@ -249,6 +249,9 @@ def test_set_overrides_are_scrubbed_from_the_golden_header(tmp_path):
         and "@wandb.test" in overrides[1]
     )
     assert overrides[2] == "steps=3"  # nothing secret: kept as given
+    # the record/refresh commands lockstep prints quote the overrides scrubbed too
+    printed = job.arguments()
+    assert "hunter2" not in printed and "hunter3" not in printed and "--set steps=3" in printed
 
 
 # --------------------------------------------------------------------------- comparison

@@ -122,7 +122,9 @@ class Job:
             parts = ["--script", shlex.quote(scrub_text(self.command))]
         else:
             parts = [shlex.quote(str(self.config))]
-            parts += [f"--set {shlex.quote(o)}" for o in self.overrides]
+            # scrubbed: these lines are printed and written to reports (a secret in an
+            # override shows as <redacted:…>, which the user puts back when running it)
+            parts += [f"--set {shlex.quote(scrub_text(o))}" for o in self.overrides]
         parts += [f"--nproc {self.nproc}", f"--steps {self.steps}"]
         return " ".join(parts + (["--run-path"] if self.run_path else []))
 

@@ -203,7 +203,9 @@ def find(root: Path, resume: str) -> Path | None:
         return path
     pointer = root / LATEST
     if not pointer.exists():
-        ours = published(root)
+        # A folder named as lockstep names its checkpoints, complete or not (a save that died
+        # before its manifest), is never skipped silently: the user says what to do with it.
+        ours = sorted(p for p in root.glob("step_*") if STEP_DIR.fullmatch(p.name) and p.is_dir())
         if ours:
             raise UsageError(
                 f"{root} holds {ours[-1].name} but no '{LATEST}' pointer; set "
