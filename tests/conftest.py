@@ -12,13 +12,13 @@ import pytest
 def forkserver():
     """Start this pytest process's forkserver once, with everything the tier's ranks import
     (otherwise the first test to need it decides what it preloads, the plugin's pools only
-    torch): `lockstep.local_ranks.forkserver_context`. The modules are the trainer's, every
+    torch): `lockstep.launch.forkserver_context`. The modules are the trainer's, every
     engine's (DeepSpeed only on a machine without GPUs: its import probes for CUDA otherwise,
     which a forked rank could not then use), the default preset's and transformers' Trainer
     (examples/train_hf_trainer.py)."""
     import torch
 
-    from lockstep.local_ranks import forkserver_context
+    from lockstep.launch import forkserver_context
     from lockstep.train.config import ENGINES, ModelConfig
     from lockstep.train.engines import engine_modules
     from lockstep.train.model import model_modules

@@ -1,5 +1,5 @@
 """Nothing outlives a command: a signal at a named moment, then no process, worktree or temp
-folder left (`lockstep.local_ranks`: `_launch`, `_dying_with_parent`, `_KEEP_SESSION`;
+folder left (`lockstep.launch.cleanup`: `launch_scope`, `dying_with_parent`, `KEEP_SESSION`;
 `lockstep.gate.ab.run_ab`).
 
 Each case runs `python -m lockstep` with its own TMPDIR, on a script whose ranks write their
@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from lockstep.local_ranks import run_command
+from lockstep.launch import run_command
 
 SLEEPER = """\
 import os, sys, time

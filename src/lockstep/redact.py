@@ -22,6 +22,7 @@ import functools
 import hashlib
 import hmac
 import itertools
+import logging
 import os
 import re
 import secrets
@@ -381,6 +382,42 @@ def scrubbed_log(path: str | os.PathLike) -> Iterator[BinaryIO]:
     finally:
         if os.path.isfile(path):
             scrub_file(path)
+
+
+class _ScrubRecords(logging.Filter):
+    """Rewrites a record as its redacted text (message and traceback): torchelastic logs a
+    failed rank's exception, whose text may hold a secret, through its own logger."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + logging.Formatter().formatException(record.exc_info)
+        elif record.exc_text:
+            text += "\n" + record.exc_text
+        record.msg, record.args = scrub_text(text), ()
+        record.exc_info = record.exc_text = None
+        return True
+
+
+@contextlib.contextmanager
+def scrubbed_logger(logger: str = "torch.distributed.elastic") -> Iterator[None]:
+    """While inside: every handler that records of `logger` and its children reach redacts
+    them first (a handler's filter, unlike a logger's, sees its children's records too)."""
+    handlers, log = {logging.lastResort} - {None}, logging.getLogger(logger)
+    for name, child in list(logging.root.manager.loggerDict.items()):
+        if name.startswith(logger + ".") and isinstance(child, logging.Logger):
+            handlers.update(child.handlers)
+    while log:
+        handlers.update(log.handlers)
+        log = log.parent if log.propagate else None
+    scrub = _ScrubRecords()
+    for handler in handlers:
+        handler.addFilter(scrub)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(scrub)
 
 
 def redact_value(name: object, value: object) -> object:

@@ -14,7 +14,7 @@ import train_worker
 
 from inprocess import run_main
 from lockstep.cli import main
-from lockstep.local_ranks import run_local
+from lockstep.launch import run_local
 from lockstep.track import read as read_metrics
 from once import once
 
@@ -29,7 +29,7 @@ RUN = ["steps=4", "checkpoint.every=2", "clip.max_norm=1.0", "batch.grad_accum=2
 def engine_runs(tmp_path_factory):
     """engine -> (straight summary, resumed summary, state at save, state after load).
 
-    Two launches of 2 ranks for all engines (`local_ranks.run_local`, the launcher of
+    Two launches of 2 ranks for all engines (`lockstep.launch.run_local`, the launcher of
     `lockstep train --nproc`): every engine straight, then every engine resumed in new
     processes from its step-2 checkpoint; once per test run, whichever worker needs it first."""
 

@@ -48,7 +48,7 @@ def run(mode: str, engine: str, base: Path, overrides: list[str]) -> None:
 
 
 def main(mode: str, base: str, engines: str, *overrides: str) -> None:
-    """One rank, started by `lockstep.local_ranks.run_local` (a process forked for this
+    """One rank, started by `lockstep.launch.run_local` (a process forked for this
     launch: a resume really starts from the files on disk)."""
     torch.distributed.init_process_group("gloo")
     for engine in engines.split(","):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lockstep.errors import LockstepError
-from lockstep.local_ranks import run_local
+from lockstep.launch import run_local
 
 
 def run_ranks(fn, args: tuple, nproc: int, cfg, max_restarts: int = 0) -> Any:

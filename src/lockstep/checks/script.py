@@ -33,7 +33,7 @@ from pathlib import Path
 from lockstep.checks.result import CheckResult, tolerance
 from lockstep.checks.trajectory import Divergence, by_step, first_divergence, read_metrics
 from lockstep.errors import RankTimeout, UsageError
-from lockstep.local_ranks import (
+from lockstep.launch import (
     ABORT_SIGNATURE,
     aborted_at_exit,
     last_error_line,

@@ -108,7 +108,7 @@ def preflight_command(args) -> int:
     _writable(args.json)
     info = launcher.detect()
     if info is None:
-        from lockstep.local_ranks import run_local_cli
+        from lockstep.launch import run_local_cli
 
         return run_local_cli(args.nproc or 1, ["preflight", *_rank_argv(args)])
     if args.nproc is not None:

@@ -197,7 +197,7 @@ def run_ab(
 
     The worktree and the temporary folder go however it ends: SIGTERM and SIGHUP raise here
     (`signals_raise`) so the cleanup runs, Ctrl-C raises KeyboardInterrupt."""
-    from lockstep.local_ranks import signals_deferred, signals_raise
+    from lockstep.launch import signals_deferred, signals_raise
 
     if job.run_path:  # forked ranks would run the base tree's script with this tree's lockstep
         raise UsageError(

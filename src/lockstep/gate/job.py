@@ -19,7 +19,7 @@ from lockstep.checks.script import script_argv
 from lockstep.errors import EXIT_FAIL, LockstepError, RankTimeout, UsageError
 from lockstep.gate.monitor import TreeMonitor
 from lockstep.gate.run import Run, read_rows
-from lockstep.local_ranks import (
+from lockstep.launch import (
     ABORT_SIGNATURE,
     aborted_at_exit,
     last_error_line,

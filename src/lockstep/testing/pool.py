@@ -2,7 +2,7 @@
 
 Starting ranks costs seconds (an interpreter importing torch, then a rendezvous), so a pool
 starts them once and sends them one test after another: gloo ranks forked from a forkserver
-that imported torch once (`lockstep.local_ranks.forkserver_context`), nccl ranks spawned.
+that imported torch once (`lockstep.launch.forkserver_context`), nccl ranks spawned.
 Nothing here uses a fixed port: the default group meets through a FileStore in the pool's own
 temporary directory. A pool that saw a failure, a crash or a hang is killed (its process group
 may be unusable, as PyTorch's "poison pill" notes) and the next test gets a fresh one.
@@ -44,10 +44,10 @@ class RankPool:
     def __init__(self, world_size: int, backend: str, start_timeout: float):
         self.world_size, self.backend, self.closed = world_size, backend, False
         self.dir = Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-{world_size}-"))
-        # gloo ranks fork from a server that imported torch once (lockstep.local_ranks); nccl
+        # gloo ranks fork from a server that imported torch once (lockstep.launch); nccl
         # ranks are spawned, each a new interpreter.
         if backend == "gloo":
-            from lockstep.local_ranks import forkserver_context
+            from lockstep.launch import forkserver_context
 
             context = forkserver_context()
         else:

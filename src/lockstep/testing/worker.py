@@ -109,7 +109,7 @@ def _die_with_parent(pytest_pid: int) -> None:
     else:
         threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     if os.getppid() != pytest_pid:  # forked: the forkserver outlives the pytest process
-        from lockstep.local_ranks import die_with
+        from lockstep.launch import die_with
 
         die_with(pytest_pid)
 

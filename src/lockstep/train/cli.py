@@ -73,7 +73,7 @@ def _check_before_start(cfg, world_size: int, out_dir: Path) -> None:
 def _start_local_ranks(cfg, nproc: int, out_dir: Path) -> str:
     """Start `nproc` ranks on this machine, wait for them; rank 0's summary, or the first
     failing rank's as a LockstepError."""
-    from lockstep.local_ranks import run_local
+    from lockstep.launch import run_local
     from lockstep.train.trainer import rank_modules
 
     config = cfg.model_dump(mode="json")
@@ -97,7 +97,7 @@ def rank_main(config: dict, out_dir: str):
 def run_ds_config(args: argparse.Namespace) -> int:
     from lockstep import extras
     from lockstep.errors import EXIT_FAIL, EXIT_OK
-    from lockstep.local_ranks import rank_environment
+    from lockstep.launch import rank_environment
     from lockstep.train.deepspeed_config import problems, read_json
 
     extras.require("lockstep ds-config", {"deepspeed": "its config classes"})

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from lockstep.env import launcher
 from lockstep.errors import UsageError
 from lockstep.gate.alerts import Evaluator
-from lockstep.local_ranks import rank_environment
+from lockstep.launch import rank_environment
 from lockstep.redact import redact_mapping
 from lockstep.train import checkpoint
 from lockstep.train.config import RunConfig

@@ -1,10 +1,10 @@
-"""Ranks forked from the forkserver (`lockstep.local_ranks`): the server's heap is frozen for
+"""Ranks forked from the forkserver (`lockstep.launch`): the server's heap is frozen for
 them, the launching process's is not."""
 
 import gc
 import signal
 
-from lockstep.local_ranks import run_local
+from lockstep.launch import run_local
 
 
 def collector_state() -> tuple[int, bool, int]:

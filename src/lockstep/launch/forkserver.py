@@ -1,0 +1,133 @@
+"""CPU ranks forked from a forkserver that imported torch, transformers and DeepSpeed once (its
+preload), instead of each spawned rank importing them again (2-6 s of CPU each): the
+forkserver is a single-threaded process that ran no torch op, so its children start clean (a
+fork of a process whose OpenMP pool ran hangs in the child). On GPUs ranks are spawned
+(`ranks.run_local`), so no parent ever touches CUDA before a rank.
+
+The server's heap is frozen before any rank forks (`gc_freeze`, last in its preload). A forked
+rank takes on the launching process's environment and stdout/stderr (`Launcher.adopt`); a
+script run in one (`run_script`) runs as `python -u script` would.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+
+from lockstep.launch.cleanup import die_with
+
+# What every forked rank has imported: torch._dynamo too, which the first optimizer a process
+# builds imports (2 s of CPU here, as much as torch itself). This module: the ranks' entry
+# points (`in_environ`, `run_script`).
+BASE_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "lockstep.track", __name__]
+# Imported last into the server: its heap collected once and frozen.
+FREEZE = "lockstep.launch.gc_freeze"
+# The environment the forkserver of this process started with (None: not started by us).
+_forkserver_environ: dict[str, str] | None = None
+
+
+def start_forkserver(preload: list[str] | tuple[str, ...] = ()) -> dict[str, str]:
+    """Start this process's forkserver with `BASE_PRELOAD` and `preload` imported, then frozen
+    out of the garbage collector's reach (`FREEZE`); once: later calls reuse it, whatever they
+    preload. Returns the environment it started with."""
+    global _forkserver_environ
+    if _forkserver_environ is None:
+        from multiprocessing import forkserver
+
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([*BASE_PRELOAD, *preload, FREEZE])
+        _forkserver_environ = dict(os.environ)
+        forkserver.ensure_running()
+    return _forkserver_environ
+
+
+def forkserver_context(preload: list[str] | tuple[str, ...] = ()):
+    """The "forkserver" multiprocessing context, its server started (`BASE_PRELOAD` and
+    `preload` imported; or already running): for CPU ranks that must not pay torch's import
+    each. The server never ran a torch op, so a rank may still use CUDA; nothing it imports
+    may initialize CUDA (no GPU probe), or forked ranks could not use it."""
+    start_forkserver(preload)
+    return multiprocessing.get_context("forkserver")
+
+
+class Launcher:
+    """The launching process as a forked rank needs it: its pid, its environment and its
+    stdout/stderr now (the forkserver has those of when it started). Pickled for the rank,
+    the two file descriptors travel as multiprocessing passes a Connection's (`DupFd`)."""
+
+    def __init__(self, server: dict[str, str], environ: dict[str, str], pid=None, fds=None):
+        self.server, self.environ, self.pid, self.fds = server, environ, pid or os.getpid(), fds
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+
+        fds = (reduction.DupFd(1), reduction.DupFd(2))
+        return Launcher, (self.server, self.environ, self.pid, fds)
+
+    def adopt(self) -> None:
+        """On the rank: the launcher's stdout/stderr and environment of now, keeping what
+        torchelastic set for this rank; the rank ends when the launcher does."""
+        die_with(self.pid)
+        if self.fds is not None:
+            sys.stdout.flush(), sys.stderr.flush()
+            for target, dup in zip((1, 2), self.fds, strict=True):
+                fd = dup.detach()
+                os.dup2(fd, target)
+                os.close(fd)
+        ours = {k for k, v in os.environ.items() if self.server.get(k) != v}  # torchelastic's
+        for key in set(os.environ) - set(self.environ) - ours:
+            del os.environ[key]
+        os.environ.update({k: v for k, v in self.environ.items() if k not in ours})
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        if threads.isdigit() and int(threads) > 0:  # OpenMP read it at import, in the server
+            import torch
+
+            torch.set_num_threads(int(threads))
+
+
+def in_environ(launcher: Launcher, fn, *args):
+    """A forked rank's entry point: `launcher.adopt()`, then `fn(*args)`."""
+    launcher.adopt()
+    return fn(*args)
+
+
+def _exit_through_return(code: int = 0):
+    """`os._exit` for a script in a forked rank: torchelastic's function mode needs the rank's
+    function to return (an exit without its return value looks like a rank still running), and
+    the rank process itself then ends with `os._exit`, without Python's finalization."""
+    sys.stdout.flush(), sys.stderr.flush()
+    raise SystemExit(code)
+
+
+def run_script(log: str, cwd: str, script: str, *args: str) -> None:
+    """On a forked rank: run `script` as `__main__` with `args`, as `python -u script args`
+    would in `cwd` (its folder first on sys.path; `-m module args`: the module, `cwd` first),
+    its output appended to `log`."""
+    import faulthandler
+    import runpy
+
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1), os.dup2(fd, 2), os.close(fd)
+    sys.stdout.reconfigure(write_through=True), sys.stderr.reconfigure(write_through=True)
+    if os.environ.get("PYTHONFAULTHANDLER"):
+        faulthandler.enable()
+    os.chdir(cwd)
+    os._exit = _exit_through_return
+    if script == "-m":
+        sys.argv = list(args)  # runpy puts the module's file first, as python -m does
+        sys.path.insert(0, cwd)
+        run = lambda: runpy.run_module(args[0], run_name="__main__", alter_sys=True)  # noqa: E731
+    else:
+        sys.argv = [script, *args]
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+        run = lambda: runpy.run_path(script, run_name="__main__")  # noqa: E731
+    try:
+        run()
+    except SystemExit:
+        raise
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()  # as the interpreter prints it, before torchelastic's summary
+        raise

@@ -1,0 +1,238 @@
+"""The launch functions (`lockstep.launch`'s docstring says which runs what): each starts its
+ranks through torchrun's launcher API in this process, as `torchrun --standalone` does, and
+leaves nothing behind (`cleanup`). `run_local` forks CPU ranks from the forkserver
+(`forkserver`) and spawns GPU ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import MutableMapping
+from pathlib import Path
+
+from lockstep.launch.cleanup import (
+    dying_with_parent,
+    end_group,
+    keeping_session,
+    killer,
+    launch_scope,
+    spawned_rank,
+)
+from lockstep.launch.forkserver import Launcher, in_environ, run_script, start_forkserver
+
+
+def rank_environment(
+    device: str | None, nproc: int | None = None, env: MutableMapping[str, str] | None = None
+) -> None:
+    """Set in `env` (default os.environ) what ranks need before torch and DeepSpeed start:
+    DeepSpeed's CPU accelerator when `device` is "cpu" (its probe would pick CUDA on a GPU
+    machine), and with `nproc` ranks on this machine an even share of its cores each
+    (OMP_NUM_THREADS, unless set)."""
+    env = os.environ if env is None else env
+    if device == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+    if nproc:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+
+
+def standalone_config(nproc: int, name: str, **overrides):
+    """A LaunchConfig for `nproc` local ranks; `overrides` set any other LaunchConfig field.
+    Without `logs_specs` torchelastic makes a `torchelastic_*` folder it never removes: pass
+    the one `cleanup.launch_scope()` yields."""
+    from torch.distributed.launcher.api import LaunchConfig
+
+    fields = {
+        "min_nodes": 1,
+        "max_nodes": 1,
+        "nproc_per_node": nproc,
+        "run_id": f"lockstep-{name}-{uuid.uuid4().hex[:8]}",
+        "rdzv_backend": "c10d",
+        "rdzv_endpoint": "127.0.0.1:0",
+        "max_restarts": 0,
+        "monitor_interval": 0.1,
+    }
+    fields.update(overrides)
+    return LaunchConfig(**fields)
+
+
+def run_local(fn, args: tuple, nproc: int, name: str, device: str, preload=(), **overrides):
+    """Run `fn(*args)` on `nproc` local ranks for `device`; rank 0's return value.
+
+    On CPU the ranks fork from a forkserver that imported `preload` (module names) once; on
+    GPUs they are spawned. A rank may return a LockstepError instead of raising it: the first
+    such one, in rank order, is raised here. A rank that fails (an exception, a signal) ends in
+    one LockstepError naming it; its traceback was already printed by torchelastic's error
+    handler.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    from lockstep.errors import EXIT_FAIL, LockstepError
+    from lockstep.redact import scrubbed_logger
+
+    rank_environment(device, nproc)
+    if device == "cpu":
+        server = start_forkserver(preload)
+        entry, args = in_environ, (Launcher(server, dict(os.environ)), fn, *args)
+        overrides["start_method"] = "forkserver"
+    else:
+        entry, args = spawned_rank, (os.getpid(), fn, *args)
+        overrides["start_method"] = "spawn"
+    try:
+        with launch_scope() as logs, scrubbed_logger():
+            config = standalone_config(nproc, name, logs_specs=logs, **overrides)
+            results = elastic_launch(config, entry)(*args)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        raise LockstepError(
+            f"rank {rank} failed with exit code {failure.exitcode}; its traceback is above",
+            EXIT_FAIL,
+        ) from None
+    for rank in sorted(results):
+        if isinstance(results[rank], LockstepError):
+            raise results[rank]
+    return results[0]
+
+
+def run_local_cli(nproc: int, argv: list[str]) -> int:
+    """Run `python -m lockstep *argv` on `nproc` local ranks; the exit code they agree on
+    (rank 0 decides it), or EXIT_TIMEOUT when a rank was killed by a signal (a missing rank)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    from lockstep.errors import EXIT_FAIL, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE
+
+    # The agent's own INFO/WARNING lines (and its failure dump) repeat what rank 0 prints.
+    agent = logging.getLogger("torch.distributed.elastic")
+    level = agent.level
+    agent.setLevel(logging.CRITICAL)
+    program, args = dying_with_parent(sys.executable, ["-m", "lockstep", *argv])
+    try:
+        with launch_scope() as logs:
+            elastic_launch(standalone_config(nproc, argv[0], logs_specs=logs), program)(*args)
+    except ChildFailedError as err:
+        codes = {f.exitcode for f in err.failures.values()}
+        return max(codes) if codes <= {EXIT_FAIL, EXIT_USAGE, EXIT_TIMEOUT} else EXIT_TIMEOUT
+    finally:
+        agent.setLevel(level)  # a later launch in this process reports its ranks' failures
+    return EXIT_OK
+
+
+def _program(argv: list[str]) -> tuple[str, list[str]]:
+    """torchrun's entrypoint for `argv`: a `.py` script or `-m module` under this interpreter
+    (unbuffered, as torchrun runs it), anything else as a program of its own."""
+    if argv[0].endswith(".py") or argv[0] == "-m":
+        return sys.executable, ["-u", *argv]
+    return argv[0], argv[1:]
+
+
+@contextlib.contextmanager
+def _job_process(env: dict, cwd: Path | None, log):
+    """While inside: this process has the job's environment and folder, and its stdout and
+    stderr go to `log` (so do the ranks' it starts, which inherit them); all restored after."""
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    sys.stdout.flush(), sys.stderr.flush()
+    saved_fds = os.dup(1), os.dup(2)
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        if cwd is not None:
+            os.chdir(cwd)
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+        for fd, saved in zip((1, 2), saved_fds, strict=True):
+            os.dup2(saved, fd)
+            os.close(saved)
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+def run_command(argv: list[str], nproc: int, log: Path, *, env: dict, timeout: float,
+                cwd: Path | None = None, watch=None, run_path: bool = False) -> int | None:  # fmt: skip
+    """Run `argv` on `nproc` local ranks as `torchrun --standalone` would, through its launcher
+    API in this process (no launcher process importing torch again); every rank's output and
+    the launcher's into `log`, redacted. The exit code (0, or the first failed rank's), or None
+    when it ran past `timeout` and every rank was killed. `watch(pid)`, a context manager,
+    runs around the launch with this process's pid (gate's process monitor).
+
+    `run_path` (a `.py` script): as `torchrun --run-path`, each rank runs the script with
+    runpy in a process that already imported torch (`forkserver.BASE_PRELOAD`), forked from
+    this process's forkserver, instead of a new interpreter importing it again (about 3 s of
+    CPU a rank here). What the script does before `import torch` for torch to read at import
+    time is then too late; `os._exit(n)` ends the script as `sys.exit(n)` would.
+    """
+    import threading
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    from lockstep.errors import UsageError
+    from lockstep.redact import scrubbed_log, scrubbed_logger
+
+    if run_path:
+        if not (argv[0].endswith(".py") or argv[0] == "-m"):
+            raise UsageError(f"--run-path runs a Python script (script.py ...), not {argv[0]!r}")
+        server = start_forkserver()  # before killer: it stays
+        program = in_environ
+        args = [Launcher(server, env), run_script, str(log), str(cwd or os.getcwd()), *argv]
+        start = {"start_method": "forkserver"}
+    else:
+        program, args = dying_with_parent(*_program(argv))
+        start = {}
+    expired, kill = [], killer()
+    timer = threading.Timer(timeout, lambda: (expired.append(True), kill()))
+    timer.daemon = True
+    watching = watch(os.getpid()) if watch else contextlib.nullcontext()
+    with scrubbed_log(log) as out, launch_scope() as logs, _job_process(env, cwd, out), \
+            scrubbed_logger(), watching:  # fmt: skip
+        config = standalone_config(nproc, "script", logs_specs=logs, **start)
+        timer.start()
+        try:
+            elastic_launch(config, program)(*args)
+            code = 0
+        except ChildFailedError as err:
+            out.write(f"{err.format_msg()}\n".encode())  # as torchrun prints it
+            out.flush()
+            code = err.get_first_failure()[1].exitcode or 1
+        except BaseException:
+            kill()  # interrupted: whatever a rank started in a session of its own too
+            raise
+        finally:
+            timer.cancel()
+    return None if expired else code
+
+
+def run_launcher(command: list[str], log: Path, *, env: dict, timeout: float,
+                 cwd: Path | None = None, watch=None) -> int | None:  # fmt: skip
+    """Run a launcher command in its own process group, its output (every rank's) redacted
+    into `log`; its exit code, or None when it ran past `timeout` and the whole group was
+    killed. `watch(pid)`, a context manager, runs around the wait (gate's process monitor).
+
+    The group ends with this process: on an interrupt (Ctrl-C, a signal made an exception)
+    before the log is closed, and, through a session keeper (`cleanup.keeping_session`), when
+    this process is killed."""
+    from lockstep.redact import scrubbed_log
+
+    command = keeping_session(command)
+    with scrubbed_log(log) as out:  # the job's own output may quote a secret
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                cwd=cwd, start_new_session=True)  # fmt: skip
+        try:
+            with watch(proc.pid) if watch else contextlib.nullcontext():
+                try:
+                    return proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    end_group(proc, grace=0)
+                    return None
+        except BaseException:
+            end_group(proc, grace=10)
+            raise
