@@ -7,10 +7,10 @@ secret-looking variables were already replaced by salted hashes at collection.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from lockstep.redact import scrub_text
+from lockstep.summary_md import md_cell, step_summary
 
 
 def cell(value: object) -> str:
@@ -29,10 +29,7 @@ def emit(report: dict, json_path: Path | None) -> None:
             scrub_text(json.dumps(report, sort_keys=True, indent=2, ensure_ascii=False)) + "\n"
         )
     print_console(report)
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary:
-        with open(summary, "a") as out:
-            out.write(scrub_text(markdown(report)) + "\n")
+    step_summary(scrub_text(markdown(report)))
 
 
 def outlier_rows(report: dict) -> list[tuple[str, ...]]:
@@ -148,14 +145,14 @@ def _check_rows(report: dict) -> list[tuple[str, str, str, str]]:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"### lockstep preflight: {_verdict(report)}", "", _md(report["compared"]), ""]
+    lines = [f"### lockstep preflight: {_verdict(report)}", "", md_cell(report["compared"]), ""]
     lines += ["| check | status | ranks | detail |", "|---|---|---|---|"]
-    lines += [f"| {a} | {b} | {c} | {_md(d)} |" for a, b, c, d in _check_rows(report)]
+    lines += [f"| {a} | {b} | {c} | {md_cell(d)} |" for a, b, c, d in _check_rows(report)]
     rows = outlier_rows(report)
     if rows:
         lines += ["", "| rank | host | local rank | GPU | field | value | majority value |"]
         lines += ["|---|---|---|---|---|---|---|"]
-        lines += ["| " + " | ".join(_md(c) for c in row) + " |" for row in rows]
+        lines += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in rows]
     if report["bandwidth"]["sizes"]:
         lines += ["", "| size | slowest rank | busbw slowest GB/s | busbw fastest GB/s |"]
         lines += ["|---|---|---|---|"]
@@ -164,10 +161,6 @@ def markdown(report: dict) -> str:
             f"| {r['busbw_gbps_fastest']} |"
             for r in report["bandwidth"]["sizes"]
         ]
-    lines += [""] + [f"- **problem**: {_md(p)}" for p in report["problems"]]
-    lines += [f"- warning: {_md(w)}" for w in report["warnings"]]
+    lines += [""] + [f"- **problem**: {md_cell(p)}" for p in report["problems"]]
+    lines += [f"- warning: {md_cell(w)}" for w in report["warnings"]]
     return "\n".join(lines)
-
-
-def _md(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")

@@ -8,12 +8,13 @@ user text and may hold credentials.
 from __future__ import annotations
 
 import json
-import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from lockstep.gate.compare import Finding
 from lockstep.redact import redact_mapping, scrub_text
+from lockstep.summary_md import md_cell
+from lockstep.summary_md import step_summary as step_summary  # gate.cli's report.step_summary
 
 
 def rows(findings: list[Finding]) -> list[tuple[str, str, str, str]]:
@@ -100,15 +101,5 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
-def step_summary(text: str) -> bool:
-    """Append to $GITHUB_STEP_SUMMARY when it is set; True when written."""
-    target = os.environ.get("GITHUB_STEP_SUMMARY")
-    if not target:
-        return False
-    with open(target, "a", encoding="utf-8") as fh:
-        fh.write(text + "\n")
-    return True
-
-
 def _md(text: str) -> str:
-    return scrub_text(str(text)).replace("|", "\\|").replace("\n", " ")
+    return md_cell(scrub_text(str(text)))
