@@ -179,6 +179,18 @@ def published(root: Path) -> list[Path]:
     return [p for step, p in sorted((s, p) for s, p in found if s is not None)]
 
 
+def _damaged(root: Path) -> list[Path]:
+    """`step_` + 8 digits holding lockstep's layout (an engine folder or rng/) but no readable
+    manifest: a checkpoint of lockstep's whose manifest was lost, not somebody else's folder."""
+    return [
+        p
+        for p in root.glob("step_*")
+        if STEP_DIR.fullmatch(p.name)
+        and written_by_lockstep(p) is None
+        and any((p / part).is_dir() for part in ("dcp", "deepspeed", "rng"))
+    ]
+
+
 def retain(root: Path, keep: int) -> list[Path]:
     """Delete all but the newest `keep` of lockstep's checkpoints (never the one `latest`
     names, never a folder lockstep did not write); returns what it deleted."""
@@ -203,9 +215,9 @@ def find(root: Path, resume: str) -> Path | None:
         return path
     pointer = root / LATEST
     if not pointer.exists():
-        # A folder named as lockstep names its checkpoints, complete or not (a save that died
-        # before its manifest), is never skipped silently: the user says what to do with it.
-        ours = sorted(p for p in root.glob("step_*") if STEP_DIR.fullmatch(p.name) and p.is_dir())
+        # lockstep's checkpoints, and folders laid out as one whose manifest is gone (damaged):
+        # never skipped silently, the user says what to do; anyone else's folder is left alone.
+        ours = sorted({*published(root), *_damaged(root)})
         if ours:
             raise UsageError(
                 f"{root} holds {ours[-1].name} but no '{LATEST}' pointer; set "
