@@ -1,7 +1,7 @@
 """`lockstep check --script`: the example script passes; each classic bug is caught.
 
 The broken variants are made from examples/train_protocol.py by replacing one line, so the
-example the README shows is the very script under test.
+example docs/scripts.md shows is the very script under test.
 """
 
 from __future__ import annotations
