@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from lockstep.launch import free_port
+
 SECRET = "planted-secret-7f3a9"
 URL_PASSWORD = "planted-url-pw-55c1"
 LAUNCH_TIMEOUT_S = 240
@@ -42,12 +44,6 @@ def base_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
     env.update(COLUMNS="400", PYTHONUNBUFFERED="1", **extra)
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def by_hand(world: int, ranks, cwd: Path, args=(), per_rank_env=None, per_rank_args=None):

@@ -25,7 +25,6 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import sys
 import time
 from pathlib import Path
@@ -36,6 +35,7 @@ from lockstep.errors import RankTimeout, UsageError
 from lockstep.launch import (
     ABORT_SIGNATURE,
     aborted_at_exit,
+    free_port,
     last_error_line,
     run_command,
     run_launcher,
@@ -96,7 +96,7 @@ class ScriptRunner:
         if not argv[0].endswith(".py"):
             raise UsageError("--launcher deepspeed runs a Python script: --script 'train.py ...'")
         command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc),
-                   "--master_port", str(_free_port()), *argv]  # fmt: skip
+                   "--master_port", str(free_port()), *argv]  # fmt: skip
         return run_launcher(command, log, env=env, timeout=self.timeout)
 
     def run(
@@ -268,12 +268,6 @@ def _prefix(executable: str) -> str:
         if os.path.isfile(os.path.join(folder, "pyvenv.cfg")):
             return os.path.realpath(folder)
     return os.path.dirname(os.path.dirname(os.path.realpath(executable)))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def script_argv(command: str, values: dict[str, str]) -> list[str]:

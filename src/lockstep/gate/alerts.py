@@ -26,6 +26,7 @@ from importlib import resources
 from pathlib import Path
 
 from lockstep.errors import UsageError
+from lockstep.gate.run import as_float
 
 WHEN = ("above", "below", "nonfinite")
 ACTIONS = ("warn", "stop")
@@ -191,7 +192,7 @@ class Evaluator:
             if rule.metric not in row:
                 continue
             self.seen.add(rule.metric)
-            value = _as_float(row[rule.metric])
+            value = as_float(row[rule.metric])
             if not rule.holds(value):
                 st.since_step, st.since_start, st.fired = None, None, False
                 continue
@@ -223,9 +224,9 @@ class Evaluator:
 
     def _end_time(self, row: dict) -> float:
         """Seconds since the first row's start: from `time` where logged, else step times."""
-        step_time = _as_float(row.get("step_time_s"))
-        if "time" in row and math.isfinite(_as_float(row["time"])):
-            now = _as_float(row["time"])
+        step_time = as_float(row.get("step_time_s"))
+        if "time" in row and math.isfinite(as_float(row["time"])):
+            now = as_float(row["time"])
             if self._last_time is None:  # the first row: its step began step_time_s earlier
                 self._origin = now - (step_time if math.isfinite(step_time) else 0.0)
                 self._start = 0.0
@@ -237,13 +238,6 @@ class Evaluator:
     def unevaluated(self) -> list[Rule]:
         """Rules whose metric never appeared: say so, never pass them silently."""
         return [r for r in self.rules if r.metric not in self.seen]
-
-
-def _as_float(value) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def evaluate(rules: list[Rule], rows: list[dict]) -> tuple[list[Alert], list[Rule]]:

@@ -27,6 +27,7 @@ from lockstep.launch.cleanup import die_with, signals_deferred, signals_raise
 from lockstep.launch.forensics import ABORT_SIGNATURE, aborted_at_exit, last_error_line
 from lockstep.launch.forkserver import forkserver_context
 from lockstep.launch.ranks import (
+    free_port,
     rank_environment,
     run_command,
     run_launcher,
@@ -39,6 +40,7 @@ __all__ = [
     "aborted_at_exit",
     "die_with",
     "forkserver_context",
+    "free_port",
     "last_error_line",
     "rank_environment",
     "run_command",

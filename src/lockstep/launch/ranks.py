@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import subprocess
 import sys
 import uuid
@@ -38,6 +39,13 @@ def rank_environment(
         env["DS_ACCELERATOR"] = "cpu"
     if nproc:
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+
+
+def free_port() -> int:
+    """A port the OS has just handed out on the loopback (for MASTER_PORT)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def standalone_config(nproc: int, name: str, **overrides):

@@ -15,7 +15,6 @@ import multiprocessing
 import os
 import shutil
 import signal
-import socket
 import tempfile
 import time
 from dataclasses import replace
@@ -46,15 +45,15 @@ class RankPool:
         self.dir = Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-{world_size}-"))
         # gloo ranks fork from a server that imported torch once (lockstep.launch); nccl
         # ranks are spawned, each a new interpreter.
-        if backend == "gloo":
-            from lockstep.launch import forkserver_context
+        from lockstep.launch import forkserver_context, free_port
 
+        if backend == "gloo":
             context = forkserver_context()
         else:
             context = multiprocessing.get_context("spawn")
         self.conns, self.procs = [], []
         _live_pools.add(self)
-        master_port = _free_port()
+        master_port = free_port()  # for the test's own use: the pool needs none
         for rank in range(world_size):
             env = {
                 "RANK": str(rank),
@@ -259,13 +258,6 @@ def _remove_orphaned_dirs() -> None:
         pid = path.name.removeprefix(DIR_PREFIX).split("-")[0]
         if pid.isdigit() and not psutil.pid_exists(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _free_port() -> int:
-    """A port the OS has just handed out, for MASTER_PORT (the pool itself needs none)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _user_frames(stacks: str) -> str:
