@@ -20,6 +20,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from lockstep import compat
 from lockstep.env.launcher import LAUNCHER_VARIABLES
 from lockstep.env.lockfile import canonicalize_name, compare_lock, find_lock
 from lockstep.errors import UsageError
@@ -142,7 +143,7 @@ def _cpu_model() -> str | None:
 
 def _torch(torch) -> dict:
     nccl = None
-    if torch.cuda.is_available() and hasattr(torch._C, "_nccl_version"):
+    if torch.cuda.is_available() and compat.nccl_in_build(torch):
         nccl = ".".join(map(str, torch.cuda.nccl.version()))
     return {
         "version": torch.__version__,

@@ -19,6 +19,8 @@ import sys
 import tempfile
 import threading
 
+from lockstep.compat import ELASTIC_SIGNALS_ENV
+
 # The signals torchelastic's launch turns into its SignalException (LaunchConfig's default).
 LAUNCH_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
@@ -80,13 +82,12 @@ def launch_scope():
     rank's raw traceback in error.json) is a temporary one removed after. The signal handlers
     torchelastic installs (`PContext.start`) and its TORCHELASTIC_SIGNALS_TO_HANDLE are put
     back as they were, and its SignalException becomes `stopped_by` the signal."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 
     saved = {}
     if threading.current_thread() is threading.main_thread():
         saved = {sig: signal.getsignal(sig) for sig in (getattr(signal, n) for n in LAUNCH_SIGNALS)}
-    saved_env = os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
+    saved_env = os.environ.get(ELASTIC_SIGNALS_ENV)
     folder = tempfile.mkdtemp(prefix="lockstep-launch-")
     try:
         yield DefaultLogsSpecs(log_dir=folder)
@@ -96,9 +97,9 @@ def launch_scope():
         for sig, old in saved.items():
             signal.signal(sig, old if old is not None else signal.SIG_DFL)
         if saved_env is None:
-            os.environ.pop("TORCHELASTIC_SIGNALS_TO_HANDLE", None)
+            os.environ.pop(ELASTIC_SIGNALS_ENV, None)
         else:
-            os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = saved_env
+            os.environ[ELASTIC_SIGNALS_ENV] = saved_env
         shutil.rmtree(folder, ignore_errors=True)
 
 

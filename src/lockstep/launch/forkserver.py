@@ -15,12 +15,13 @@ import multiprocessing
 import os
 import sys
 
+from lockstep.compat import TORCH_DYNAMO
 from lockstep.launch.cleanup import die_with
 
 # What every forked rank has imported: torch._dynamo too, which the first optimizer a process
 # builds imports (2 s of CPU here, as much as torch itself). This module: the ranks' entry
 # points (`in_environ`, `run_script`).
-BASE_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "lockstep.track", __name__]
+BASE_PRELOAD = ["torch", TORCH_DYNAMO, "torch.distributed", "lockstep.track", __name__]
 # Imported last into the server: its heap collected once and frozen.
 FREEZE = "lockstep.launch.gc_freeze"
 # The environment the forkserver of this process started with (None: not started by us).

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from lockstep import compat
+
 # The pool sends this signal to a hung rank; faulthandler answers with every thread's stack.
 STACKS_SIGNAL = signal.SIGUSR1
 PASSED, FAILED, SKIPPED, XFAILED = "passed", "failed", "skipped", "xfailed"
@@ -153,7 +155,7 @@ class _Rank:
             backend, store=store, rank=rank, world_size=world_size, device_id=device_id
         )
         dist.barrier()
-        self.group = dist.distributed_c10d._get_default_group()
+        self.group = compat.default_group()
         self.seed = torch.initial_seed()
         self.dtype = torch.get_default_dtype()
         self.deterministic = (
@@ -202,8 +204,8 @@ class _Rank:
         import torch
         import torch.distributed as dist
 
-        c10d = dist.distributed_c10d
-        created = [g for g in c10d._world.pg_map if g not in (self.group, c10d._world.default_pg)]
+        default = compat.default_group_or_none()
+        created = [g for g in compat.process_groups() if g not in (self.group, default)]
         for group in created:
             dist.destroy_process_group(group)
         if created:
@@ -223,7 +225,7 @@ class _Rank:
             torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        return c10d._world.default_pg is self.group
+        return compat.default_group_or_none() is self.group
 
 
 def _forget(groups: list) -> None:

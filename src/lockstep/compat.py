@@ -1,0 +1,43 @@
+"""torch's private APIs that lockstep relies on, in one place: after a torch (or DeepSpeed)
+upgrade, this is the file to read. Public torch and torchelastic API (`elastic_launch`,
+`ChildFailedError`, `DefaultLogsSpecs` ...) is used where it is needed, not here.
+
+Nothing here imports torch when this module is imported.
+"""
+
+from __future__ import annotations
+
+# A private module every forked rank has imported (`launch.forkserver.BASE_PRELOAD`): the first
+# optimizer a process builds imports it, 2 s of CPU here, as much as torch itself.
+TORCH_DYNAMO = "torch._dynamo"
+
+# The signals torchelastic's PContext.start installs its handlers for, and which it sets
+# (`launch.cleanup.launch_scope` puts both back as they were after a launch).
+ELASTIC_SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+
+
+def nccl_in_build(torch) -> bool:
+    """Whether this torch was built with NCCL (`torch._C._nccl_version`); without it
+    `torch.cuda.nccl.version()` fails."""
+    return hasattr(torch._C, "_nccl_version")
+
+
+def default_group():
+    """The default process group (c10d's `_get_default_group`); raises when there is none."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._get_default_group()
+
+
+def default_group_or_none():
+    """The default process group, or None when there is none (c10d's `_world.default_pg`)."""
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._world.default_pg
+
+
+def process_groups() -> list:
+    """Every process group c10d holds, the default one included (`_world.pg_map`)."""
+    from torch.distributed import distributed_c10d
+
+    return list(distributed_c10d._world.pg_map)
