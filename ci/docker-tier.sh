@@ -94,21 +94,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-port_free() { "$PYTHON" -c 'import socket,sys; socket.create_server(("127.0.0.1", int(sys.argv[1]))).close()' "$1" 2>/dev/null; }
-wait_http() { # URL SECONDS
-	"$PYTHON" - "$1" "$2" <<-'EOF'
-		import sys, time, urllib.request
-		url, deadline = sys.argv[1], time.monotonic() + float(sys.argv[2])
-		while True:
-		    try:
-		        urllib.request.urlopen(url, timeout=2).close()
-		        break
-		    except OSError as err:
-		        if time.monotonic() > deadline:
-		            sys.exit(f"docker-tier: error: {url} did not answer: {err}")
-		        time.sleep(0.3)
-	EOF
-}
+# The tier's Python steps (port, HTTP wait, bake and identity checks): ci/docker-tier.py.
+tier_py() { "$PYTHON" ci/docker-tier.py "$@"; }
+port_free() { tier_py port-free "$1"; }
+wait_http() { tier_py wait-http "$1" "$2"; } # URL SECONDS
 
 # ------------------------------------------------------------------------------- 1. engine
 step "engine"
@@ -157,7 +146,7 @@ fi
 
 # The registry's storage is cached (a warm push uploads only new layers) and dropped whenever
 # the docker/ files or the lock change, so old image layers do not pile up.
-registry_key=$(cat docker/Dockerfile docker/*.sh docker/*.py "$LOCK" | sha256sum | cut -c1-16)
+registry_key=$(cat docker/Dockerfile docker/*.sh docker/*.py docker/*.env "$LOCK" | sha256sum | cut -c1-16)
 if [[ $(cat "$CACHE/registry.key" 2>/dev/null) != "$registry_key" ]]; then
 	rm -rf "$CACHE/registry"
 	echo "$registry_key" >"$CACHE/registry.key"
@@ -305,28 +294,9 @@ REGISTRY=$REGISTRY/ docker buildx bake -f docker/docker-bake.hcl --print cpu cud
 	cat "$RUN_DIR/bake-print.log" >&2
 	die "docker buildx bake cannot read docker/docker-bake.hcl"
 }
-IMAGE=$image "$PYTHON" - "$RUN_DIR/bake-print.json" <<-'EOF' || die "docker-bake.hcl disagrees with the tier's build"
-	import json, os, sys
-	targets = json.load(open(sys.argv[1]))["target"]
-	cpu, cuda = targets["cpu"], targets["cuda"]
-	want = {
-	    "tags": [os.environ["IMAGE"]],
-	    "target": "cpu",
-	    "dockerfile": "docker/Dockerfile",
-	    "args.CPU_BASE_IMAGE": os.environ["CPU_BASE_IMAGE"],
-	    "args.LOCK_SHA256": os.environ["CPU_LOCK_SHA256"],
-	    "args.LOCKSTEP_IMAGE": os.environ["IMAGE"],
-	}
-	def get(t, key):
-	    return t["args"].get(key[5:]) if key.startswith("args.") else t.get(key)
-	bad = {k: get(cpu, k) for k, v in want.items() if get(cpu, k) != v}
-	registry = os.environ["IMAGE"].rsplit("/", 1)[0]
-	if cuda["tags"] != [f"{registry}/lockstep-cuda:" + os.environ["CUDA_TAG"]]:
-	    bad["cuda.tags"] = cuda["tags"]
-	if bad:
-	    sys.exit(f"bake resolves differently: {bad}")
-	print(f"bake: cpu -> {cpu['tags'][0]}, cuda -> {cuda['tags'][0]}")
-EOF
+tier_py bake "$RUN_DIR/bake-print.json" --image "$image" --base-image "$CPU_BASE_IMAGE" \
+	--lock-sha256 "$CPU_LOCK_SHA256" --cuda-tag "$CUDA_TAG" ||
+	die "docker-bake.hcl disagrees with the tier's build"
 if [[ -n $PREPARE ]]; then
 	# Pushed too: the tier's push then mounts that layer (about 0.5 GB) instead of compressing it.
 	step "docker buildx build, the cpu-base stage (apt packages), pushed"
@@ -370,34 +340,10 @@ in_image "$ref" cat "/etc/lockstep/$LOCK" | cmp - "$LOCK" ||
 	die "the lock in the image differs from $LOCK"
 in_image "$ref" cat /etc/lockstep/image-manifest.json >"$RUN_DIR/manifest.json"
 docker image inspect --format '{{json .Config.Labels}}' "$ref" >"$RUN_DIR/labels.json"
-IMAGE=$image "$PYTHON" - "$RUN_DIR/manifest.json" "$RUN_DIR/labels.json" <<-'EOF' || die "image identity check failed"
-	import hashlib, json, os, sys
-	manifest = json.load(open(sys.argv[1]))
-	labels = json.load(open(sys.argv[2]))
-	lock = "sha256:" + hashlib.sha256(open("requirements/cpu.txt", "rb").read()).hexdigest()
-	expected = {
-	    "schema": 1,
-	    "image": os.environ["IMAGE"],
-	    "base_image": os.environ["CPU_BASE_IMAGE"],
-	    "base_digest": os.environ["CPU_BASE_DIGEST"],
-	    "locks": {"cpu.txt": lock},
-	    "git_revision": os.environ["GIT_REVISION"],
-	    "build_time": os.environ["BUILD_TIME"],
-	}
-	label_pairs = {
-	    "org.opencontainers.image.revision": manifest["git_revision"],
-	    "org.opencontainers.image.created": manifest["build_time"],
-	    "org.opencontainers.image.base.name": manifest["base_image"],
-	    "org.opencontainers.image.base.digest": manifest["base_digest"],
-	    "io.lockstep.image": manifest["image"],
-	    "io.lockstep.lock.cpu.txt": manifest["locks"]["cpu.txt"],
-	}
-	bad = [k for k in expected if manifest.get(k) != expected[k]]
-	bad += [k for k, v in label_pairs.items() if labels.get(k) != v]
-	if bad or set(manifest) != set(expected):
-	    sys.exit(f"manifest/labels disagree on {bad or sorted(set(manifest) ^ set(expected))}")
-	print(json.dumps(manifest, indent=2))
-EOF
+# The manifest is what docker/write-manifest.py makes of the tier's inputs; the labels carry it.
+tier_py identity "$RUN_DIR/manifest.json" "$RUN_DIR/labels.json" --image "$image" \
+	--base-image "$CPU_BASE_IMAGE" --base-digest "$CPU_BASE_DIGEST" --lock "$LOCK" \
+	--git-revision "$GIT_REVISION" --build-time "$BUILD_TIME" || die "image identity check failed"
 in_image "$ref" lockstep --version
 
 step "lockstep preflight --nproc 2 (in the image)"

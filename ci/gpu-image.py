@@ -31,6 +31,8 @@ IMAGE_FILES = (
     "docker/install-lock.sh",
     "docker/write-manifest.py",
     "docker/check-one-nccl.sh",
+    "docker/lock-parts.py",
+    "docker/deepspeed-build.env",
 )
 BASE_KEYS = ("CPU_BASE_IMAGE", "CUDA_BASE_IMAGE")
 # NAME[:TAG]@sha256:<64 hex>, registry and path in the characters a reference may hold.

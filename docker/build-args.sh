@@ -15,7 +15,8 @@ sha256() { sha256sum | cut -d' ' -f1; }
 
 CPU_BASE_IMAGE=${CPU_BASE_IMAGE:-$(base_lock CPU_BASE_IMAGE)}
 CUDA_BASE_IMAGE=${CUDA_BASE_IMAGE:-$(base_lock CUDA_BASE_IMAGE)}
-image_files=(docker/Dockerfile docker/install-lock.sh docker/write-manifest.py docker/check-one-nccl.sh)
+image_files=(docker/Dockerfile docker/install-lock.sh docker/write-manifest.py docker/check-one-nccl.sh
+	docker/lock-parts.py docker/deepspeed-build.env)
 
 for variant in cpu cuda; do
 	upper=${variant^^}

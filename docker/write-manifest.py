@@ -22,36 +22,67 @@ def file_digest(path: Path) -> str:
     return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def build_manifest(args: argparse.Namespace) -> dict:
-    pinned = PINNED.match(args.base_image)
+# Each OCI label of the image (docker/Dockerfile's final stages) and the manifest value it
+# carries; a label naming the lock is io.lockstep.lock.<lock file name>. ci/docker-tier.py
+# checks a built image's labels against its manifest with these.
+LABELS = {
+    "org.opencontainers.image.revision": "git_revision",
+    "org.opencontainers.image.created": "build_time",
+    "org.opencontainers.image.base.name": "base_image",
+    "org.opencontainers.image.base.digest": "base_digest",
+    "io.lockstep.image": "image",
+}
+
+
+def manifest(
+    *,
+    image: str,
+    base_image: str,
+    base_digest: str,
+    locks: list[Path],
+    git_revision: str,
+    build_time: str,
+    expect_lock_sha256: str = "",
+) -> dict:
+    """The manifest of an image built from these inputs; SystemExit where they disagree."""
+    pinned = PINNED.match(base_image)
     if not pinned:
         raise SystemExit(
-            f"write-manifest: base image {args.base_image!r} is not pinned by digest; "
+            f"write-manifest: base image {base_image!r} is not pinned by digest; "
             "pass NAME:TAG@sha256:<64 hex> (see docker/base.lock)"
         )
-    if args.base_digest != pinned["digest"]:
+    if base_digest != pinned["digest"]:
         raise SystemExit(
-            f"write-manifest: base digest {args.base_digest!r} is not the one in {args.base_image!r}; "
+            f"write-manifest: base digest {base_digest!r} is not the one in {base_image!r}; "
             "pass both from the same docker/base.lock line"
         )
-    locks = {}
-    for lock in args.lock:
-        path = Path(lock)
-        locks[path.name] = file_digest(path)
-    if args.expect_lock_sha256 and set(locks.values()) != {args.expect_lock_sha256}:
+    digests = {path.name: file_digest(path) for path in locks}
+    if expect_lock_sha256 and set(digests.values()) != {expect_lock_sha256}:
         raise SystemExit(
-            f"write-manifest: lock digest {sorted(locks.values())} differs from the build "
-            f"argument {args.expect_lock_sha256}; recompute it from requirements/ (docker/build-args.sh)"
+            f"write-manifest: lock digest {sorted(digests.values())} differs from the build "
+            f"argument {expect_lock_sha256}; recompute it from requirements/ (docker/build-args.sh)"
         )
     return {
         "schema": SCHEMA,
-        "image": args.image,
-        "base_image": args.base_image,
+        "image": image,
+        "base_image": base_image,
         "base_digest": pinned["digest"],
-        "locks": locks,
-        "git_revision": args.git_revision,
-        "build_time": args.build_time,
+        "locks": digests,
+        "git_revision": git_revision,
+        "build_time": build_time,
     }
+
+
+def build_manifest(args: argparse.Namespace) -> dict:
+    return manifest(
+        image=args.image,
+        base_image=args.base_image,
+        base_digest=args.base_digest,
+        locks=[Path(lock) for lock in args.lock],
+        git_revision=args.git_revision,
+        build_time=args.build_time,
+        expect_lock_sha256=args.expect_lock_sha256,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -117,10 +117,25 @@ def test_image_installs_its_lock_byte_for_byte_with_hashes(variant):
     lock_run = [i for i, (ins, rest) in enumerate(build) if ins == "RUN" and lock_in_image in rest]
     assert source and lock_run and lock_run[0] < source[0]
     assert runs[-1] == "/opt/lockstep/build/install-lock.sh --source /tmp/lockstep-src"
-    # torch first, in a layer of its own, and the pattern names exactly that one pin
-    assert runs[0] == f"/opt/lockstep/build/install-lock.sh {lock_in_image} --only '^torch=='"
+    # torch first, in a layer of its own: lock-parts.py's `torch` part, exactly that one pin
+    assert runs[0] == f"/opt/lockstep/build/install-lock.sh {lock_in_image} --part torch"
     lock_text = (ROOT / "requirements" / f"{variant}.txt").read_text()
     assert len(re.findall(r"^torch==", lock_text, flags=re.M)) == 1
+    torch_part = subprocess.run(
+        [sys.executable, str(DOCKER / "lock-parts.py"), str(ROOT / "requirements" / f"{variant}.txt"), "torch"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert re.findall(r"^([a-z0-9_.-]+)==", torch_part, flags=re.M) == ["torch"]
+    # The rest of the lock: on CPU with DeepSpeed's build switches of docker/deepspeed-build.env
+    # (copied in after the torch layer, so a change to them keeps that layer), on CUDA with none.
+    switches = "--deepspeed-build /opt/lockstep/build/deepspeed-build.env"
+    rest = f"/opt/lockstep/build/install-lock.sh {lock_in_image}" + (
+        f" {switches}" if variant == "cpu" else " && /opt/lockstep/build/check-one-nccl.sh"
+    )
+    assert " ".join(runs[1].split()) == rest
+    copies = [rest for ins, rest in build if ins == "COPY"]
+    assert ("docker/deepspeed-build.env /opt/lockstep/build/" in copies) == (variant == "cpu")
+    assert any("docker/lock-parts.py" in c and "docker/install-lock.sh" in c for c in copies)
     # The final image carries that same file (from the build stage) and nothing else installs.
     manifest = stages()[f"{variant}-manifest"]
     assert ("COPY", f"--from={variant}-build {lock_in_image} {lock_in_image}") in manifest
@@ -139,10 +154,19 @@ def test_installer_splits_the_lock_into_tools_the_rest_and_the_sdist(tmp_path, v
     hashes included."""
     lock = ROOT / "requirements" / f"{variant}.txt"
     script = DOCKER.joinpath("install-lock.sh").read_text()
-    split = "\n".join(
-        line for line in script.splitlines() if line.startswith(("block", "awk"))
-    ).replace("/tmp/", f"{tmp_path}/")
-    subprocess.run(["bash", "-euc", split], env={"lock": str(lock)}, check=True)
+    # The installer's own `part` function, run for real (it calls docker/lock-parts.py).
+    (define,) = [line for line in script.splitlines() if line.startswith("part() {")]
+    calls = [line for line in script.splitlines() if re.fullmatch(r"\s*part [\w$\"-]+", line)]
+    assert [c.strip() for c in calls] == [
+        "part build-tools",
+        'part "$3"',
+        "part without-sdist",
+        "part sdist",
+    ]
+    split = f"{define}\npart build-tools\npart without-sdist\npart sdist\npart torch"
+    split = split.replace("/tmp/", f"{tmp_path}/")
+    installer = str(DOCKER / "install-lock.sh")
+    subprocess.run(["bash", "-euc", split, installer], env={"lock": str(lock)}, check=True)
     names = {}
     for part in ("build-tools", "without-sdist", "sdist"):
         text = (tmp_path / f"{part}.txt").read_text()
@@ -152,6 +176,9 @@ def test_installer_splits_the_lock_into_tools_the_rest_and_the_sdist(tmp_path, v
                 assert block in lock.read_text() and "--hash=sha256:" in block
     assert sorted(names["build-tools"]) == ["pip", "setuptools", "wheel"]
     assert names["sdist"] == ["deepspeed"]
+    torch_part = (tmp_path / "torch.txt").read_text()
+    assert re.findall(r"^([a-z0-9_.-]+)==", torch_part, flags=re.M) == ["torch"]
+    assert torch_part in lock.read_text()
     pins = re.findall(r"^([a-z0-9_.-]+)==", lock.read_text(), flags=re.M)
     assert sorted(names["without-sdist"] + names["sdist"]) == sorted(pins)
 
@@ -186,6 +213,10 @@ def test_final_stage_labels_and_non_root_user(variant):
     assert final[0][1].split()[0] == f"{variant}-build"
     build_env = " ".join(rest for ins, rest in stages()[f"{variant}-build"] if ins == "ENV")
     assert "DS_BUILD" not in build_env and "CFLAGS" not in build_env
+    # nor as build arguments: install-lock.sh sets docker/deepspeed-build.env's switches for
+    # DeepSpeed's build alone
+    build_args = [rest for ins, rest in stages()[f"{variant}-build"] if ins == "ARG"]
+    assert not [a for a in build_args if a.startswith(("DS_", "CFLAGS"))]
 
 
 def _copy_tree_for_tags(tmp_path: Path) -> Path:
