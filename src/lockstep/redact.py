@@ -168,11 +168,6 @@ _FORMS = (
 _PROCESS_KEY = secrets.token_bytes(32)
 
 
-def new_key() -> str:
-    """A fresh random key (what one preflight job shares among its ranks)."""
-    return secrets.token_hex(32)
-
-
 def _key() -> bytes:
     for name in ("LOCKSTEP_REDACT_SALT", "LOCKSTEP_REDACT_KEY"):
         value = os.environ.get(name)
