@@ -54,8 +54,10 @@ def config_needs(cfg, wandb: bool = True) -> dict[str, str]:
     needs = {}
     if not cfg.model.factory:
         needs["transformers"] = f"model preset {cfg.model.preset}"
-    if cfg.engine.name.startswith("zero"):
-        needs["deepspeed"] = f"engine {cfg.engine.name}"
+    from lockstep.train.engines import ENGINES
+
+    for module in ENGINES[cfg.engine.name].requires:  # deepspeed for a ZeRO engine
+        needs[module] = f"engine {cfg.engine.name}"
     if wandb and cfg.logging.wandb != "disabled":
         needs["wandb"] = f"logging.wandb = '{cfg.logging.wandb}'"
     return needs

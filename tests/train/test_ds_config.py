@@ -5,6 +5,7 @@ import json
 from lockstep.cli import main
 from lockstep.train.config import load_config
 from lockstep.train.deepspeed_config import generate, problems
+from lockstep.train.engines import zero_stages
 
 SEED_ZERO3 = {  # the shape of seed 001, including its offload_gradients mistake
     "train_batch_size": 32,
@@ -61,7 +62,7 @@ def test_good_config_passes(tmp_path, capsys):
 
 
 def test_generated_configs_resolve_every_auto():
-    for engine in ("zero1", "zero2", "zero3"):
+    for engine, stage in zero_stages().items():
         cfg = load_config(
             "smoke/gpu-zero3.toml" if engine == "zero3" else "smoke/cpu-zero2.toml",
             [f"engine.name={engine}"],
@@ -70,4 +71,4 @@ def test_generated_configs_resolve_every_auto():
 
         ds = generate(cfg, 2, "cuda", build_model(cfg.model, 0))
         assert problems(ds, 2) == [], (engine, problems(ds, 2))
-        assert ds["zero_optimization"]["stage"] == int(engine[-1])
+        assert ds["zero_optimization"]["stage"] == stage

@@ -5,6 +5,7 @@ Public API (import the submodules; this package imports nothing heavy):
     trainer.run_training(cfg, out_dir, stop_at=None, capture_state=False) -> TrainResult
     trainer.Trainer(cfg, out_dir): train(), train_step(), save(), engine, stream, close()
     engines.Engine: step(), full_parameters(), full_optimizer_state(), lr(), save(), load()
+    engines.ENGINES: the engine table (an EngineSpec per engine); engines.register(spec)
     checkpoint.find / verify / check_compatible;  metrics.StepMetrics (read back with lockstep.track.read)
     deepspeed_config.generate / problems
 """

@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from lockstep.errors import RankTimeout, UsageError
+from lockstep.train import engines
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -257,13 +258,17 @@ def verify(path: Path) -> dict[str, Any]:
 
 
 def check_compatible(manifest: dict[str, Any], path: Path, engine: str) -> None:
-    """ddp and fsdp share DCP and can load each other's; ZeRO loads its own stage only."""
+    """An engine resumes its own checkpoints and those of engines that write the same format
+    (`EngineSpec.checkpoint`: ddp and fsdp share DCP; each ZeRO stage has its own)."""
     saved = manifest["engine"]
-    native = {"ddp", "fsdp"}
-    if saved != engine and not {saved, engine} <= native:
+    if not engines.resumes(saved, engine):
+        shared = "; ".join(
+            f"{engines.series(group, 'and')} can load each other's"
+            for group in engines.shared_checkpoints()
+        )
         raise UsageError(
             f"checkpoint {path} was written by engine '{saved}', this run uses '{engine}'; "
-            "resume with the same engine (ddp and fsdp can load each other's)"
+            f"resume with the same engine{f' ({shared})' if shared else ''}"
         )
 
 

@@ -7,27 +7,25 @@ starts. Checks that need the world size (batch arithmetic) live in `RunConfig.ch
 from __future__ import annotations
 
 import importlib
-import math
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
+from pydantic_core import PydanticCustomError
 
 from lockstep.errors import UsageError
+from lockstep.train import engines
+from lockstep.train.engines import ENGINES
 
-ENGINES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
-ZERO_STAGES = {"zero1": 1, "zero2": 2, "zero3": 3}
-# Engine options that only one family understands; setting them elsewhere is a mistake.
-ENGINE_ONLY = {
-    "find_unused_parameters": ("ddp",),
-    "bucket_cap_mb": ("ddp",),
-    "reshard_after_forward": ("fsdp",),
-    "cpu_offload": ("fsdp",),
-    "offload_optimizer": ("zero1", "zero2", "zero3"),
-    "offload_params": ("zero3",),
-    "ds_config": ("zero1", "zero2", "zero3"),
-}
+
+def _engine_name(value: Any) -> str:
+    """A name in the engine table (`lockstep.train.engines.ENGINES`), else pydantic's own
+    error for a Literal of those names."""
+    if isinstance(value, str) and value in ENGINES:
+        return value
+    expected = engines.series([repr(name) for name in ENGINES])
+    raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
 
 
 class _Section(BaseModel):
@@ -50,7 +48,7 @@ class DataConfig(_Section):
 
 
 class EngineConfig(_Section):
-    name: Literal["ddp", "fsdp", "zero1", "zero2", "zero3"] = "ddp"
+    name: Annotated[str, PlainValidator(_engine_name)] = "ddp"  # a row of the engine table
     find_unused_parameters: bool = False
     bucket_cap_mb: float = Field(25.0, gt=0)
     reshard_after_forward: bool = True
@@ -164,21 +162,23 @@ class RunConfig(_Section):
         """Everything that can be checked before a rank starts; raises UsageError."""
         e = self.engine
         self.batch_shape(world_size)
-        for key in sorted(e.model_fields_set & ENGINE_ONLY.keys()):
-            if (
-                e.name not in ENGINE_ONLY[key]
-                and getattr(e, key) != EngineConfig.model_fields[key].default
-            ):
-                allowed = ", ".join(ENGINE_ONLY[key])
+        for key in sorted(e.model_fields_set & set(engines.engine_options())):
+            allowed = engines.engines_with(key)
+            if e.name not in allowed and getattr(e, key) != EngineConfig.model_fields[key].default:
                 raise UsageError(
-                    f"engine.{key} applies to engine {allowed}, not '{e.name}'; remove it"
+                    f"engine.{key} applies to engine {', '.join(allowed)}, not '{e.name}'; "
+                    "remove it"
                 )
-        if self.clip.norm_type not in (2.0, math.inf):
-            raise UsageError(f"clip.norm_type={self.clip.norm_type} is not supported; use 2 or inf")
-        if self.clip.norm_type == math.inf and e.name in ZERO_STAGES:
+        norm, spec = self.clip.norm_type, ENGINES[e.name]
+        if norm not in engines.norm_types():
+            supported = engines.series(f"{n:g}" for n in engines.norm_types())
+            raise UsageError(f"clip.norm_type={norm} is not supported; use {supported}")
+        if norm not in spec.norm_types:
+            why = f" ({spec.norm_note})" if spec.norm_note else ""
             raise UsageError(
-                f"clip.norm_type=inf is not supported by engine '{e.name}' (DeepSpeed clips by the "
-                "L2 norm); use norm_type 2, or engine ddp or fsdp"
+                f"clip.norm_type={norm:g} is not supported by engine '{e.name}'{why}; use "
+                f"norm_type {engines.series(f'{n:g}' for n in spec.norm_types)}, or engine "
+                f"{engines.series(engines.engines_clipping_by(norm))}"
             )
         device = self.resolved_device()
         if device == "cpu" and self.precision != "fp32":

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from lockstep.errors import UsageError
-from lockstep.train.config import ZERO_STAGES, RunConfig
+from lockstep.train.config import RunConfig
+from lockstep.train.engines import ENGINES
 
 FP16_DYNAMIC = {
     "enabled": True,
@@ -73,7 +74,7 @@ def resolve_auto(ds: dict[str, Any], cfg: RunConfig, world_size: int, model=None
 
 def generate(cfg: RunConfig, world_size: int, device: str, model=None) -> dict[str, Any]:
     """The DeepSpeed config for engine zero1/zero2/zero3 of this run."""
-    stage = ZERO_STAGES[cfg.engine.name]
+    stage = ENGINES[cfg.engine.name].zero_stage
     on_gpu = device == "cuda"
     zero: dict[str, Any] = {"stage": stage, "overlap_comm": on_gpu, "contiguous_gradients": True}
     if stage < 3:

@@ -30,8 +30,8 @@ from lockstep.redact import redact_mapping
 from lockstep.train import checkpoint
 from lockstep.train.config import RunConfig
 from lockstep.train.data import build_stream
-from lockstep.train.engines import Engine, build_engine, engine_modules
-from lockstep.train.engines.base import Context
+from lockstep.train.engines import build_engine, engine_modules
+from lockstep.train.engines.base import Context, Engine
 from lockstep.train.metrics import MetricsSink, NullSink, StepMetrics, memory, memory_total
 from lockstep.train.model import build_model, model_modules, vocab_size
 

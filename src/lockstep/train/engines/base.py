@@ -2,7 +2,8 @@
 save and load through the framework's own checkpoint mechanism; full (unsharded) state for
 checks that compare engines; the LR schedule's position and the optimizer that applies the
 update, for checks that look inside a step. Code outside `lockstep.train.engines` uses only
-this interface, so a new engine is one new module here (and a name in `build_engine`)."""
+this interface, so a new engine is one new module here and one row of the engine table
+(`lockstep.train.engines.ENGINES`)."""
 
 from __future__ import annotations
 

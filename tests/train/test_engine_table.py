@@ -1,0 +1,174 @@
+"""The engine table (`lockstep.train.engines.ENGINES`): the built-in rows, and a new engine as one
+file, this one. It defines an engine (DDP under another name), registers its row, and lockstep
+derives the rest: the config accepts the name and the options it claims, the clip norm rule,
+checkpoint compatibility with ddp and fsdp, the modules a launcher preloads, the extras it needs;
+a run builds and trains it, the equivalence check holds it to ddp, and ddp resumes its
+checkpoint. No other file names it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from lockstep import extras
+from lockstep.errors import UsageError
+from lockstep.train import engines
+from lockstep.train.checkpoint import check_compatible
+from lockstep.train.config import from_dict
+from lockstep.train.engines import ENGINES, EngineSpec, engine_modules, register
+from lockstep.train.engines.ddp import DDPEngine
+
+QUIET = {"logging": {"wandb": "disabled", "progress": False}}
+
+
+class TinyLM(nn.Module):
+    """Embedding + linear head: a model that trains in milliseconds."""
+
+    def __init__(self, vocab: int = 16):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 8)
+        self.head = nn.Linear(8, vocab)
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def forward(self, input_ids, labels):
+        logits = self.head(self.embed(input_ids[:, :-1]))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten())
+
+
+def tiny_model(cfg):
+    return TinyLM()
+
+
+def tiny_data(seq_len, vocab_size):
+    return [torch.arange(seq_len) % vocab_size, (torch.arange(seq_len) * 3) % vocab_size]
+
+
+class ToyEngine(DDPEngine):
+    name = "toy"
+
+
+TOY = EngineSpec(
+    "toy",
+    f"{__name__}:ToyEngine",
+    checkpoint="dcp",  # DDP's: it resumes ddp and fsdp checkpoints and they resume its own
+    options=("find_unused_parameters",),
+    norm_types=(2.0,),
+    norm_note="toy clips by the L2 norm only",
+)
+
+
+@pytest.fixture
+def toy():
+    spec = register(TOY)
+    try:
+        yield spec
+    finally:
+        del ENGINES["toy"]
+
+
+def config(name: str, **sections):
+    tiny = {
+        "model": {"factory": f"{__name__}:tiny_model"},
+        "data": {"factory": f"{__name__}:tiny_data", "seq_len": 12},
+    }
+    return from_dict(
+        {"device": "cpu", "steps": 2, **QUIET, **tiny, "engine": {"name": name}, **sections}
+    )
+
+
+def usage_error(cfg) -> str:
+    with pytest.raises(UsageError) as caught:
+        cfg.check(2)
+    return str(caught.value)
+
+
+def test_builtin_rows():
+    """The table as lockstep ships it: what the config, checkpoints and DeepSpeed derive."""
+    assert list(ENGINES) == ["ddp", "fsdp", "zero1", "zero2", "zero3"]
+    assert engines.zero_stages() == {"zero1": 1, "zero2": 2, "zero3": 3}
+    assert engines.shared_checkpoints() == [("ddp", "fsdp")]
+    assert engines.norm_types() == (2.0, math.inf)
+    assert engines.engines_clipping_by(math.inf) == ("ddp", "fsdp")
+    assert {o: engines.engines_with(o) for o in engines.engine_options()} == {
+        "find_unused_parameters": ("ddp",),
+        "bucket_cap_mb": ("ddp",),
+        "reshard_after_forward": ("fsdp",),
+        "cpu_offload": ("fsdp",),
+        "offload_optimizer": ("zero1", "zero2", "zero3"),
+        "ds_config": ("zero1", "zero2", "zero3"),
+        "offload_params": ("zero3",),
+    }
+    assert engine_modules("ddp") == ["lockstep.train.engines.ddp"]
+    assert engine_modules("zero2") == ["lockstep.train.engines.zero", "deepspeed"]
+    for name, spec in ENGINES.items():
+        assert spec.engine_class().__module__ == spec.module, name
+    with pytest.raises(ValueError, match="'ddp' is already registered"):
+        register(ENGINES["ddp"])
+
+
+def test_a_registered_engine_is_a_config_name(toy):
+    assert config("toy").engine.name == "toy"
+    with pytest.raises(UsageError) as caught:
+        config("toy2")
+    assert str(caught.value) == (
+        "config: engine.name: Input should be 'ddp', 'fsdp', 'zero1', 'zero2', 'zero3' or 'toy'"
+    )
+    config("toy", engine={"name": "toy", "find_unused_parameters": True}).check(2)
+    assert usage_error(config("toy", engine={"name": "toy", "bucket_cap_mb": 5})) == (
+        "engine.bucket_cap_mb applies to engine ddp, not 'toy'; remove it"
+    )
+    zero3 = config("zero3", engine={"name": "zero3", "find_unused_parameters": True})
+    assert "applies to engine ddp, toy, not 'zero3'" in usage_error(zero3)
+    assert usage_error(config("toy", clip={"norm_type": math.inf})) == (
+        "clip.norm_type=inf is not supported by engine 'toy' (toy clips by the L2 norm only); "
+        "use norm_type 2, or engine ddp or fsdp"
+    )
+
+
+def test_a_registered_engine_is_gone_once_removed(toy):
+    del ENGINES["toy"]
+    try:
+        with pytest.raises(UsageError, match=r"engine\.name: Input should be 'ddp', 'fsdp'"):
+            config("toy")
+    finally:
+        ENGINES["toy"] = toy
+
+
+def test_checkpoint_compatibility_follows_the_format(tmp_path, toy):
+    for saved, engine in [("ddp", "toy"), ("toy", "fsdp"), ("toy", "toy")]:
+        check_compatible({"engine": saved, "world_size": 2}, tmp_path, engine)
+    with pytest.raises(UsageError) as caught:
+        check_compatible({"engine": "zero2", "world_size": 2}, tmp_path, "toy")
+    assert str(caught.value) == (
+        f"checkpoint {tmp_path} was written by engine 'zero2', this run uses 'toy'; resume with "
+        "the same engine (ddp, fsdp and toy can load each other's)"
+    )
+    with pytest.raises(UsageError, match="written by engine 'elsewhere', this run uses 'toy'"):
+        check_compatible({"engine": "elsewhere", "world_size": 2}, tmp_path, "toy")
+
+
+def test_launcher_modules_and_extras(toy):
+    assert engine_modules("toy") == [__name__]
+    assert "deepspeed" not in extras.config_needs(config("toy"))
+    assert extras.config_needs(config("zero1"))["deepspeed"] == "engine zero1"
+
+
+def test_it_trains_matches_ddp_and_ddp_resumes_it(tmp_path, toy):
+    from lockstep.checks import harness
+    from lockstep.train.trainer import run_training
+
+    cfg = config("toy")
+    result = harness.check_equivalence(cfg, tmp_path / "eq", engines=("ddp", "toy"))
+    assert result.passed and result.summary.startswith("ddp, toy agree over 2 steps"), result
+    assert harness.ENGINES["toy"].norm_types == (2.0,)  # check_clip_norm_types: 2 only
+
+    ckpt = tmp_path / "ckpt"
+    written = run_training(config("toy", checkpoint={"dir": str(ckpt)}), tmp_path / "toy")
+    assert [s.step for s in written.steps] == [1, 2]
+    resumed = run_training(config("ddp", steps=3, checkpoint={"dir": str(ckpt)}), tmp_path / "ddp")
+    assert [s.step for s in resumed.steps] == [3]
