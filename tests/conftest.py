@@ -1,5 +1,5 @@
-"""Root of the test tree: pytest puts this directory on sys.path, so shared helpers such as
-`teardown_abort` import by name from every test directory."""
+"""Root of the test tree: pytest puts this directory on sys.path, so the shared helpers under
+support/ import as `support.NAME` from every test directory."""
 
 from __future__ import annotations
 

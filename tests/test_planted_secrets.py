@@ -20,8 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from inprocess import run_main
 from lockstep.env.launcher import LAUNCHER_VARIABLES
+from support.inprocess import run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 

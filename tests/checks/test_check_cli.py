@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from inprocess import run_main
 from lockstep.cli import main
-from teardown_abort import rerun_once_on_abort
+from support.inprocess import run_main
+from support.teardown_abort import rerun_once_on_abort
 
 ROOT = Path(__file__).resolve().parents[2]
 QUIET = ["--set", "steps=4", "--set", 'logging.wandb="disabled"', "--set", "logging.progress=false"]

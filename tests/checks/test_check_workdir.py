@@ -6,8 +6,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from inprocess import run_main
-from teardown_abort import rerun_once_on_abort
+from support.inprocess import run_main
+from support.teardown_abort import rerun_once_on_abort
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_protocol.py"
 FORGETS_RNG = ('    torch.set_rng_state(state["rng"])\n', "")  # a resume that loses the RNG

@@ -6,18 +6,13 @@ example docs/scripts.md shows is the very script under test.
 
 from __future__ import annotations
 
-import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import psutil
 import pytest
 
-from inprocess import run_main
-from teardown_abort import rerun_once_on_abort
-
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_protocol.py"
+from support.script_check import EXAMPLE, check
 
 BUGS = {
     # a resume that forgets the LR scheduler
@@ -46,25 +41,6 @@ def variant(tmp_path: Path, bug: str) -> Path:
     path = tmp_path / f"train_{bug}.py"
     path.write_text(source.replace(old, new))
     return path
-
-
-def check(
-    *args: str, cwd: Path, steps: str = "4", rerun: bool = True
-) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    out_json, runs = cwd / "result.json", cwd / "runs"
-    argv = ["check", *args, "--steps", steps, "--out", str(runs), "--json", str(out_json)]
-
-    def launch() -> subprocess.CompletedProcess:
-        shutil.rmtree(runs, ignore_errors=True)
-        out_json.unlink(missing_ok=True)
-        return run_main(argv, cwd)
-
-    def logs(proc: subprocess.CompletedProcess) -> str:
-        return proc.stderr + "".join(p.read_text(errors="replace") for p in runs.rglob("run.log"))
-
-    proc = rerun_once_on_abort(launch, logs) if rerun else launch()
-    results = json.loads(out_json.read_text()) if out_json.exists() else []
-    return proc, results
 
 
 def test_example_passes_every_check(tmp_path):

@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_script_checks import EXAMPLE, check
+
+from support.script_check import EXAMPLE, check
 
 LOOP = "while step < (proto.max_steps or 20):\n"
 LOG = "    track.log(step, loss=loss / world, grad_norm=grad_norm, lr=lr, model=model)\n"

@@ -9,8 +9,8 @@ import shutil
 import time
 from pathlib import Path
 
-from inprocess import run_main
-from teardown_abort import rerun_once_on_abort
+from support.inprocess import run_main
+from support.teardown_abort import rerun_once_on_abort
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_hf_trainer.py"
 

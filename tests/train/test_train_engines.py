@@ -12,11 +12,11 @@ import pytest
 import torch
 import train_worker
 
-from inprocess import run_main
 from lockstep.cli import main
 from lockstep.launch import run_local
 from lockstep.track import read as read_metrics
-from once import once
+from support.inprocess import run_main
+from support.once import once
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINES = ["ddp", "fsdp", "zero1", "zero2", "zero3"]
