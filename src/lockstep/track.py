@@ -45,16 +45,39 @@ from pathlib import Path
 from typing import NoReturn
 
 RANK_PLACEHOLDER = "{rank}"
+# A script's command line may name the variables as placeholders, `{metrics}` for
+# LOCKSTEP_METRICS...: the fields of `Protocol`, in order.
+PLACEHOLDERS = ("metrics", "max_steps", "checkpoint_dir", "resume")
 
 
 @dataclass(frozen=True)
 class Protocol:
-    """The protocol's variables as a script sees them."""
+    """The protocol's variables: what `protocol()` reads in a script, and what lockstep's
+    launcher (`lockstep.launch.script`) writes for it (`environ`, `values`)."""
 
     metrics: Path | None
     max_steps: int | None
     checkpoint_dir: Path | None
     resume: bool
+
+    def values(self) -> dict[str, str]:
+        """Each placeholder's text (`PLACEHOLDERS`); an unset one is empty."""
+        return {
+            "metrics": "" if self.metrics is None else str(self.metrics),
+            "max_steps": "" if self.max_steps is None else str(self.max_steps),
+            "checkpoint_dir": "" if self.checkpoint_dir is None else str(self.checkpoint_dir),
+            "resume": "1" if self.resume else "0",
+        }
+
+    def environ(self) -> dict[str, str]:
+        """The LOCKSTEP_* variables that `protocol()` reads back as this."""
+        return {f"LOCKSTEP_{name.upper()}": text for name, text in self.values().items()}
+
+    def metrics_of(self, rank: int) -> Path | None:
+        """The file `rank` writes when the path holds `{rank}`; else the one path."""
+        if self.metrics is None:
+            return None
+        return Path(str(self.metrics).replace(RANK_PLACEHOLDER, str(rank)))
 
 
 def protocol() -> Protocol:
@@ -203,6 +226,17 @@ def finish(code: int = 0) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def as_float(value) -> float:
+    """A metric value as `log` wrote it, as a float: numbers, and the strings it writes for
+    NaN and inf (`'nan'`, `'inf'`, `'-inf'`); anything else (None, a string) is NaN."""
+    if value is None:
+        return math.nan
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def read(path: str | Path, missing: str = "") -> list[dict]:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from lockstep.checks.diagnosis import REPLICA_QUANTITIES, replica_departed
 from lockstep.checks.reference import run_reference
 from lockstep.checks.result import CheckResult, tolerance
 from lockstep.checks.state import differences, first_tensor_difference, rows, snapshot
@@ -461,7 +462,6 @@ def check_replicas(cfg: RunConfig, workdir: Path) -> CheckResult:
     buffers it holds (`lockstep.track.digests` of the engine's module: full replicas under
     ddp and zero1/2; under fsdp and zero3 each rank's parameters are shards, left out, and
     the buffers remain) agree exactly with rank 0's."""
-    from lockstep.checks.script import REPLICA_QUANTITIES, _diagnose_replica
     from lockstep.track import digests
 
     cfg = derive(cfg, checkpoint__at_end=False, checkpoint__every=0, checkpoint__resume="never")
@@ -499,7 +499,7 @@ def check_replicas(cfg: RunConfig, workdir: Path) -> CheckResult:
         f"{cfg.engine.name}: rank {rank} departed from rank 0 at step {step}: {quantity} "
         f"rank0={want!r} rank{rank}={got!r}",
         divergence=Divergence(step, quantity, want, got),
-        diagnosis=_diagnose_replica(quantity, step, None, rank),
+        diagnosis=replica_departed(quantity, step, rank),
         rank=rank,
     )
 

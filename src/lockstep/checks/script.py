@@ -22,33 +22,20 @@ checkpoint. Any other crash is bad input.
 from __future__ import annotations
 
 import os
-import re
-import shlex
-import shutil
-import sys
-import time
 from pathlib import Path
 
+from lockstep.checks.diagnosis import REPLICA_QUANTITIES, replica_departed
 from lockstep.checks.result import CheckResult, tolerance
 from lockstep.checks.trajectory import Divergence, by_step, first_divergence, read_metrics
 from lockstep.errors import RankTimeout, UsageError
-from lockstep.launch import (
-    ABORT_SIGNATURE,
-    aborted_at_exit,
-    free_port,
-    last_error_line,
-    run_command,
-    run_launcher,
-)
-
-PLACEHOLDERS = ("metrics", "max_steps", "checkpoint_dir", "resume")
-LAUNCHERS = ("torchrun", "deepspeed")
-REPLICA_QUANTITIES = ("loss", "grad_norm", "param_digest", "buffer_digest")
+from lockstep.launch.script import Script
+from lockstep.track import Protocol
 
 
 class ScriptRunner:
-    """Launches the script through torchrun's launcher API (or the deepspeed launcher), one
-    run per call, each in its own folder."""
+    """The script's runs for the checks, one per call, each in its own folder: launched by
+    `lockstep.launch.script`, a failed launch is bad input (after its triage there), and the
+    steps logged past LOCKSTEP_MAX_STEPS are left out with a note."""
 
     def __init__(
         self,
@@ -58,21 +45,9 @@ class ScriptRunner:
         launcher: str = "torchrun",
         run_path: bool = False,
     ):
-        if not command.strip():
-            raise UsageError("--script needs a command, for example --script 'python train.py'")
-        if launcher not in LAUNCHERS:
-            raise UsageError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
-        if run_path and launcher != "torchrun":
-            raise UsageError("--run-path is torchrun's: drop it or --launcher deepspeed")
-        if launcher == "deepspeed":
-            from lockstep import extras
-
-            extras.require("--launcher deepspeed", {"deepspeed": "its launcher"})
-        self.run_path = run_path
-        self.command = command
+        self.script = Script(command, launcher=launcher, run_path=run_path, timeout=timeout)
         self.workdir = workdir
         self.timeout = timeout
-        self.launcher = launcher
         self.logs: dict[str, str] = {}
         self.notes: list[str] = []
         self.last_logged: dict[str, int] = {}  # per run: its last step, overshoot included
@@ -85,19 +60,6 @@ class ScriptRunner:
     def note(self, text: str) -> None:
         print(f"note: {text}", flush=True)
         self.notes.append(text)
-
-    def _launch(self, nproc: int, argv: list[str], log: Path, env: dict) -> int | None:
-        """Start `argv` on `nproc` local ranks: through torchrun's launcher API in this
-        process, or the deepspeed launcher's command; its exit code, None on a timeout."""
-        if self.launcher == "torchrun":
-            return run_command(
-                argv, nproc, log, env=env, timeout=self.timeout, run_path=self.run_path
-            )
-        if not argv[0].endswith(".py"):
-            raise UsageError("--launcher deepspeed runs a Python script: --script 'train.py ...'")
-        command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc),
-                   "--master_port", str(free_port()), *argv]  # fmt: skip
-        return run_launcher(command, log, env=env, timeout=self.timeout)
 
     def run(
         self,
@@ -127,42 +89,35 @@ class ScriptRunner:
         for old in run_dir.glob("metrics*.jsonl"):
             old.unlink()
         checkpoint_dir = checkpoint_dir or run_dir / "checkpoints"
-        values = {
-            "metrics": str(metrics),
-            "max_steps": str(max_steps),
-            "checkpoint_dir": str(checkpoint_dir),
-            "resume": "1" if resume else "0",
-        }
-        argv = script_argv(self.command, values)
-        env = dict(os.environ, **{f"LOCKSTEP_{k.upper()}": v for k, v in values.items()})
+        protocol = Protocol(metrics, max_steps, checkpoint_dir, resume)
+        env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
-        env.setdefault("PYTHONFAULTHANDLER", "1")  # a rank killed by a signal logs its stack
         log = run_dir / "run.log"
         self.logs[name] = str(log)
-        started = time.time()
-        code = self._launch(nproc, argv, log, env)
-        if code is None:
+        done = self.script.launch(nproc, protocol, log, env=env)
+        if done.code is None:
             raise RankTimeout(
                 f"run '{name}' ({nproc} ranks) did not finish within {self.timeout:.0f} s "
                 f"and was killed; log: {log}"
             )
-
-        def path_of(rank: int) -> Path:
-            return Path(str(metrics).replace("{rank}", str(rank)))
-
-        zero_path = path_of(0) if per_rank else metrics
+        zero_path = protocol.metrics_of(0)
         zero = self._read(name, zero_path, max_steps, None) if zero_path.is_file() else []
-        if code != 0:
-            self._judge_failure(name, code, log, zero, max_steps, checkpoint_dir, started)
+        if done.code != 0:
+            logged = sorted(by_step(zero))
+            note = done.tolerated(logged, max_steps, checkpoint=checkpoint_dir)
+            if note is None:
+                cause = done.cause(logged, max_steps, checkpoint=checkpoint_dir)
+                raise UsageError(f"run '{name}' exited {done.code}: {cause} (log: {log})")
+            self.note(f"run '{name}': {note}")
         records: list[dict] | dict[int, list[dict]] = zero
         if per_rank:
             records = {0: zero} | {
-                r: self._read(name, path_of(r), max_steps, r) for r in range(1, nproc)
+                r: self._read(name, protocol.metrics_of(r), max_steps, r) for r in range(1, nproc)
             }
             if not zero_path.is_file():
                 self._read(name, zero_path, max_steps, 0)  # raises: names the missing file
-        if not per_rank and not metrics.is_file():
-            read_metrics(metrics)  # raises: names the missing file
+        if not per_rank and not zero_path.is_file():
+            read_metrics(zero_path)  # raises: names the missing file
         if fresh:
             self._fresh.setdefault(key, records)
         return records
@@ -175,7 +130,7 @@ class ScriptRunner:
                 "LOCKSTEP_METRICS every rank must call lockstep.track.log(step, ..., model=model)"
             )
         if not path.is_file():
-            return []  # judged below: a crash first, else read_metrics names the missing file
+            return []  # judged by the caller: a crash first, else read_metrics names it
         records = read_metrics(path)
         if rank in (None, 0) and records:
             self.last_logged[name] = max(int(r["step"]) for r in records)
@@ -189,95 +144,6 @@ class ScriptRunner:
                 )
             records = [r for r in records if int(r["step"]) <= max_steps]
         return records
-
-    def _judge_failure(
-        self, name, code, log: Path, records, max_steps, checkpoint_dir: Path, started
-    ) -> None:
-        """A nonzero exit is bad input, except the known gloo abort at interpreter exit after
-        a run that logged every step and wrote its checkpoint: then a note, and go on."""
-        text = log.read_text(errors="replace")
-        logged = sorted(by_step(records))
-        complete = bool(logged) and logged == list(range(logged[0], max_steps + 1))
-        at_exit = aborted_at_exit(text)
-        if at_exit and complete and _fresh_checkpoint(checkpoint_dir, started):
-            self.note(
-                f"run '{name}': a rank died of SIGABRT at interpreter exit ('{ABORT_SIGNATURE}',"
-                " a gloo worker thread stopped by Python's finalization) after logging every "
-                "step and writing its checkpoint; counted as finished. End the script with "
-                "lockstep.track.finish() to avoid it"
-            )
-            return
-        last = last_error_line(log)
-        other = other_python(script_argv(self.command, {p: "" for p in PLACEHOLDERS}))
-        if other and "No module named" in last:
-            raise UsageError(
-                f"run '{name}' exited {code}: {last}: the `{os.path.basename(other)}` on PATH "
-                f"({other}) is not the interpreter running lockstep ({sys.executable}): "
-                "activate its venv, or write the script command with that path "
-                f"(--script '{sys.executable} ...') (log: {log})"
-            )
-        if ABORT_SIGNATURE in text:
-            why = "at interpreter exit" if at_exit else "while the script was running"
-            missing = (
-                f"it logged steps {_span(logged)} of 1..{max_steps}"
-                if not complete
-                else "it left no complete checkpoint"
-            )
-            last = f"a rank died of SIGABRT ('{ABORT_SIGNATURE}') {why}; {missing}"
-        raise UsageError(f"run '{name}' exited {code}: {last} (log: {log})")
-
-
-def _span(steps: list[int]) -> str:
-    return f"{steps[0]}..{steps[-1]}" if steps else "none"
-
-
-def _fresh_checkpoint(folder: Path, since: float) -> bool:
-    """A checkpoint this run wrote: a file in the folder, none empty, one written after the
-    launch started (a resumed run's old checkpoint does not count)."""
-    if not folder.is_dir():
-        return False
-    files = [p for p in folder.rglob("*") if p.is_file()]
-    return (
-        bool(files)
-        and all(p.stat().st_size > 0 for p in files)
-        and any(p.stat().st_mtime >= since - 1 for p in files)
-    )
-
-
-PYTHON_NAME = re.compile(r"python(\d+(\.\d+)?)?")
-
-
-def other_python(argv: list[str], path: str | None = None) -> str | None:
-    """The interpreter a command run as `python ...` (or python3, python3.11) finds on PATH
-    (`path`, default this process's), when it is not the one running lockstep (another venv,
-    or the system's, without torch or lockstep); None when it is, or for any other command."""
-    if not argv or not PYTHON_NAME.fullmatch(argv[0]):
-        return None
-    found = shutil.which(argv[0], path=path if path is not None else os.environ.get("PATH"))
-    if found is None or _prefix(found) == _prefix(sys.executable):
-        return None
-    return found
-
-
-def _prefix(executable: str) -> str:
-    """The environment an interpreter runs in, as its startup finds it: a venv's folder (a
-    pyvenv.cfg beside it or one level up, before any symlink is followed; a venv's python is
-    a symlink to its base interpreter), else the installation the resolved binary is in."""
-    here = os.path.dirname(os.path.abspath(executable))
-    for folder in (here, os.path.dirname(here)):
-        if os.path.isfile(os.path.join(folder, "pyvenv.cfg")):
-            return os.path.realpath(folder)
-    return os.path.dirname(os.path.dirname(os.path.realpath(executable)))
-
-
-def script_argv(command: str, values: dict[str, str]) -> list[str]:
-    """The script's command line with the protocol's placeholders (`{max_steps}`, ...) filled."""
-    argv = shlex.split(command)
-    for i, arg in enumerate(argv):
-        for placeholder in PLACEHOLDERS:
-            arg = arg.replace("{" + placeholder + "}", values[placeholder])
-        argv[i] = arg
-    return argv
 
 
 def check_determinism(
@@ -467,7 +333,7 @@ def check_replicas(runner: ScriptRunner, nproc: int, steps: int) -> CheckResult:
                         f"rank {rank} departed from rank 0 at step {step}: {quantity} "
                         f"rank0={want!r} rank{rank}={got!r}",
                         divergence=div,
-                        diagnosis=_diagnose_replica(quantity, step, runs, rank),
+                        diagnosis=replica_departed(quantity, step, rank),
                         logs=runner.logs,
                         notes=runner.take_notes(),
                         rank=rank,
@@ -491,37 +357,6 @@ def _local_loss(runs: dict[int, dict[int, dict]], present: list[str]) -> bool:
         for run in runs.values()
         for step, record in runs[0].items()
         for q in others
-    )
-
-
-def _diagnose_replica(quantity: str, step: int, runs, rank: int) -> str:
-    if quantity == "buffer_digest":
-        return (
-            f"rank {rank}'s buffers differ from rank 0's while its parameters agree: a buffer "
-            "updated from the local batch and never broadcast or averaged (BatchNorm running "
-            "statistics: use SyncBatchNorm, or DDP's broadcast_buffers)"
-        )
-    if quantity == "grad_norm":
-        return (
-            f"rank {rank}'s gradient norm differs: a gradient that is not averaged over ranks "
-            "(a parameter left out of the all-reduce) or a norm computed on a local shard"
-        )
-    if quantity == "param_digest":
-        if step == 1:
-            return (
-                f"rank {rank}'s parameters differ after step 1 although the averaged gradients "
-                "agree: the replicas started from different weights (a rank-dependent seed, "
-                "e.g. for dropout or augmentation, set before the model is built, and no "
-                "broadcast of the initial parameters)"
-            )
-        return (
-            f"rank {rank}'s parameters departed although the gradient norms agree: an update "
-            "that uses rank-local state (optimizer state, a rank-dependent step)"
-        )
-    return (
-        f"rank {rank}'s loss differs while the replicas agreed before the step: its forward "
-        "pass saw different inputs or randomness (rank-dependent dropout or augmentation "
-        "applied to data every rank shares)"
     )
 
 

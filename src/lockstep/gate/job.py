@@ -15,18 +15,13 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lockstep.checks.script import script_argv
 from lockstep.errors import EXIT_FAIL, LockstepError, RankTimeout, UsageError
 from lockstep.gate.monitor import TreeMonitor
 from lockstep.gate.run import Run, read_rows
-from lockstep.launch import (
-    ABORT_SIGNATURE,
-    aborted_at_exit,
-    last_error_line,
-    rank_environment,
-    run_command,
-)
+from lockstep.launch import rank_environment
+from lockstep.launch.script import Exit, Script, launch
 from lockstep.redact import scrub_text
+from lockstep.track import Protocol
 
 DEFAULT_SCRIPT_STEPS = 20
 
@@ -55,8 +50,9 @@ class Job:
             raise UsageError(f"--nproc {self.nproc}: need at least 1")
         if self.steps is not None and self.steps < 2:
             raise UsageError(f"--steps {self.steps}: a gate needs at least 2 steps")
-        if self.command is not None and not self.command.strip():
-            raise UsageError("--script needs a command, for example --script 'python train.py'")
+        self._script = None
+        if self.command is not None:
+            self._script = Script(self.command, run_path=self.run_path, timeout=self.timeout)
         self._cfg = None
         if self.config is not None:
             from lockstep.train.config import load_config
@@ -145,22 +141,6 @@ class Job:
         if tree is not None:
             paths = [str(p) for p in (tree / "src", cwd) if p is not None and p.is_dir()]
             env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
-        if self._cfg is None:
-            values = {
-                "metrics": str(metrics),
-                "max_steps": str(self.steps),
-                "checkpoint_dir": str(workdir / "checkpoints"),
-                "resume": "0",
-            }
-            argv = script_argv(self.command, values)
-            env.update({f"LOCKSTEP_{k.upper()}": v for k, v in values.items()})
-        else:
-            config = self.config
-            if cwd is not None and (cwd / self.config).is_file():
-                config = cwd / self.config  # that version's config, where it has one
-            overrides = [*self.overrides, f"steps={self.steps}", "checkpoint.resume=never"]
-            argv = ["-m", "lockstep", "train", str(Path(config).resolve()), "--out", str(workdir)]
-            argv += [a for o in overrides for a in ("--set", o)]
         log = workdir / "run.log"
         monitor: TreeMonitor | None = None
 
@@ -169,8 +149,14 @@ class Job:
             monitor = TreeMonitor(pid)
             return monitor
 
-        code = run_command(argv, self.nproc, log, env=env, timeout=self.timeout, cwd=cwd,
-                           watch=watch, run_path=self.run_path)  # fmt: skip
+        if self._script is not None:
+            protocol = Protocol(metrics, self.steps, workdir / "checkpoints", resume=False)
+            done = self._script.launch(self.nproc, protocol, log, env=env, cwd=cwd, watch=watch)
+        else:
+            done = launch(self._train_argv(workdir, cwd), self.nproc, log, env=env,
+                          timeout=self.timeout, run_path=self.run_path, cwd=cwd,
+                          watch=watch)  # fmt: skip
+        code = done.code
         if code is None:
             ranks = ", ".join(sorted(monitor.rss)) or "no rank had started"
             raise RankTimeout(
@@ -178,7 +164,7 @@ class Job:
                 f"seen: {ranks}); raise --timeout or see {log}"
             )
         if code != 0 and not metrics.is_file():
-            raise JobFailed(f"the job exited {code}: {last_error_line(log)} (log: {log})")
+            raise JobFailed(f"the job exited {code}: {self._cause(done, [])} (log: {log})")
         if not metrics.is_file():
             raise UsageError(
                 f"the job wrote no metrics to {metrics}; a script must log each step with "
@@ -187,7 +173,10 @@ class Job:
         rows = read_rows(metrics)
         notes = []
         if code != 0:
-            notes.append(self._judge_exit(code, log, rows))
+            steps = [row["step"] for row in rows]
+            notes.append(done.tolerated(steps, self.steps, first=1))
+            if notes[-1] is None:
+                raise JobFailed(f"the job exited {code}: {self._cause(done, steps)} (log: {log})")
             progress(f"lockstep gate: note: {notes[-1]}")
         return Run(
             rows,
@@ -198,16 +187,15 @@ class Job:
             notes=notes,
         )
 
-    def _judge_exit(self, code: int, log: Path, rows: list[dict]) -> str:
-        """A nonzero exit fails the job, except gloo's known abort at interpreter exit after
-        every step was logged (`local_ranks.aborted_at_exit`): then the run counts, with a note."""
-        logged = {row["step"] for row in rows}
-        if aborted_at_exit(log.read_text(errors="replace")) and logged >= set(
-            range(1, self.steps + 1)
-        ):
-            return (
-                f"a rank died of SIGABRT at interpreter exit ('{ABORT_SIGNATURE}') after logging "
-                f"all {self.steps} steps; counted as finished (log: {log}). End the script with "
-                "lockstep.track.finish() to avoid it"
-            )
-        raise JobFailed(f"the job exited {code}: {last_error_line(log)} (log: {log})")
+    def _train_argv(self, workdir: Path, cwd: Path | None) -> list[str]:
+        """The reference job's command line: `lockstep train CONFIG` into `workdir`."""
+        config = self.config
+        if cwd is not None and (cwd / self.config).is_file():
+            config = cwd / self.config  # that version's config, where it has one
+        overrides = [*self.overrides, f"steps={self.steps}", "checkpoint.resume=never"]
+        argv = ["-m", "lockstep", "train", str(Path(config).resolve()), "--out", str(workdir)]
+        return argv + [a for o in overrides for a in ("--set", o)]
+
+    def _cause(self, done: Exit, steps: list[int]) -> str:
+        """A failed run's cause (`launch.script.Exit.cause`)."""
+        return done.cause(steps, self.steps, first=1)

@@ -1,0 +1,252 @@
+"""A user's training script launched under lockstep's protocol (`lockstep.track`): the one
+launcher of `lockstep check --script` (`checks/script.py` adds the checks) and of `lockstep
+gate` (`gate/job.py` adds its process monitor).
+
+- `Script`: the command, its placeholders (`{metrics}`, `{max_steps}`, `{checkpoint_dir}`,
+  `{resume}`, the fields of `track.Protocol`) filled and the LOCKSTEP_* variables set;
+- `launch`: any command line on N local ranks through one of `LAUNCHERS`, timed;
+- `Exit`: what a launch left, and its triage after a nonzero exit: the known gloo abort at
+  interpreter exit after a complete run is tolerated with a note (`tolerated`), any other
+  crash has a one-line cause (`cause`): the script's last error line, or what lockstep knows
+  better (a `python` on PATH that is not lockstep's interpreter, a SIGABRT and when).
+
+A new launcher is one function here and one row of `LAUNCHERS`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from lockstep import track
+from lockstep.errors import UsageError
+from lockstep.launch.forensics import ABORT_SIGNATURE, aborted_at_exit, last_error_line
+from lockstep.launch.ranks import free_port, run_command, run_launcher
+
+
+def _torchrun(argv, nproc, log, *, env, timeout, cwd, watch, run_path) -> int | None:
+    """torchrun's launcher API in this process (`ranks.run_command`)."""
+    return run_command(argv, nproc, log, env=env, timeout=timeout, cwd=cwd, watch=watch,
+                       run_path=run_path)  # fmt: skip
+
+
+def _deepspeed(argv, nproc, log, *, env, timeout, cwd, watch, run_path) -> int | None:
+    """The deepspeed launcher's command (it passes --local_rank), in its own process group."""
+    if not argv[0].endswith(".py"):
+        raise UsageError("--launcher deepspeed runs a Python script: --script 'train.py ...'")
+    command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc),
+               "--master_port", str(free_port()), *argv]  # fmt: skip
+    return run_launcher(command, log, env=env, timeout=timeout, cwd=cwd, watch=watch)
+
+
+# name -> function(argv, nproc, log, *, env, timeout, cwd, watch, run_path): exit code, or
+# None when the launch ran past `timeout` and was killed
+LAUNCHERS = {"torchrun": _torchrun, "deepspeed": _deepspeed}
+# what each launcher needs installed, for the one-line error before any rank starts
+LAUNCHER_EXTRAS = {"deepspeed": {"deepspeed": "its launcher"}}
+
+
+@dataclass(frozen=True)
+class Exit:
+    """A finished launch: its exit code (None: killed at the timeout), its log, when it
+    started, and the command line the ranks ran."""
+
+    code: int | None
+    log: Path
+    started: float
+    argv: list[str]
+
+    def tolerated(
+        self,
+        logged: Iterable[int],
+        max_steps: int,
+        *,
+        first: int | None = None,
+        checkpoint: Path | None = None,
+    ) -> str | None:
+        """The note, when a nonzero exit is only the known gloo abort at interpreter exit
+        (`forensics.aborted_at_exit`) after a complete run: every step from `first` (default:
+        the first logged, a resumed run) to `max_steps` logged and, with `checkpoint`, a
+        checkpoint this launch wrote there; else None."""
+        steps = sorted(set(logged))
+        if not (self._complete(steps, max_steps, first) and self.aborted_at_exit):
+            return None
+        if checkpoint is not None and not wrote_checkpoint(checkpoint, self.started):
+            return None
+        wrote = " and writing its checkpoint" if checkpoint is not None else ""
+        done = [s for s in steps if s <= max_steps]
+        return (
+            f"a rank died of SIGABRT at interpreter exit ('{ABORT_SIGNATURE}', a gloo worker "
+            f"thread stopped by Python's finalization) after logging all {len(done)} steps"
+            f"{wrote}; counted as finished (log: {self.log}). End the script with "
+            "lockstep.track.finish() to avoid it"
+        )
+
+    def cause(
+        self,
+        logged: Iterable[int],
+        max_steps: int,
+        *,
+        first: int | None = None,
+        checkpoint: Path | None = None,
+    ) -> str:
+        """Why the launch failed, in one line: the script's last error line, where lockstep
+        knows better the interpreter it ran under or the SIGABRT that ended it."""
+        last = last_error_line(self.log)
+        other = other_python(self.argv)
+        if other and "No module named" in last:
+            return (
+                f"{last}: the `{os.path.basename(other)}` on PATH ({other}) is not the "
+                f"interpreter running lockstep ({sys.executable}): activate its venv, or "
+                f"write the script command with that path (--script '{sys.executable} ...')"
+            )
+        if ABORT_SIGNATURE not in self.text:
+            return last
+        steps = sorted(s for s in set(logged) if s <= max_steps)
+        why = "at interpreter exit" if self.aborted_at_exit else "while the script was running"
+        if not self._complete(steps, max_steps, first):
+            missing = f"it logged steps {_span(steps)} of 1..{max_steps}"
+        elif checkpoint is not None:
+            missing = "it left no complete checkpoint"
+        else:
+            missing = "after it logged every step"
+        return f"a rank died of SIGABRT ('{ABORT_SIGNATURE}') {why}; {missing}"
+
+    @property
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    @property
+    def aborted_at_exit(self) -> bool:
+        return aborted_at_exit(self.text)
+
+    @staticmethod
+    def _complete(steps: list[int], max_steps: int, first: int | None) -> bool:
+        steps = [s for s in steps if s <= max_steps and (first is None or s >= first)]
+        start = steps[0] if first is None and steps else first
+        return bool(steps) and steps == list(range(start, max_steps + 1))
+
+
+def launch(
+    argv: list[str],
+    nproc: int,
+    log: Path,
+    *,
+    env: dict,
+    timeout: float,
+    launcher: str = "torchrun",
+    run_path: bool = False,
+    cwd: Path | None = None,
+    watch=None,
+) -> Exit:
+    """Run `argv` on `nproc` local ranks through `LAUNCHERS[launcher]`, every rank's output
+    redacted into `log`. `watch(pid)`, a context manager, runs around the launch (the gate's
+    process monitor); `env` is the ranks' whole environment."""
+    started = time.time()
+    code = LAUNCHERS[launcher](argv, nproc, log, env=env, timeout=timeout, cwd=cwd,
+                               watch=watch, run_path=run_path)  # fmt: skip
+    return Exit(code, log, started, argv)
+
+
+class Script:
+    """A user's script command (`--script CMD`), checked before any launch, and launched
+    under the protocol: placeholders filled, LOCKSTEP_* set."""
+
+    def __init__(
+        self, command: str, *, launcher: str = "torchrun", run_path: bool = False, timeout=600.0
+    ):
+        if not command.strip():
+            raise UsageError("--script needs a command, for example --script 'python train.py'")
+        if launcher not in LAUNCHERS:
+            raise UsageError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
+        if run_path and launcher != "torchrun":
+            raise UsageError("--run-path is torchrun's: drop it or --launcher deepspeed")
+        if launcher in LAUNCHER_EXTRAS:
+            from lockstep import extras
+
+            extras.require(f"--launcher {launcher}", LAUNCHER_EXTRAS[launcher])
+        self.command = command
+        self.launcher = launcher
+        self.run_path = run_path
+        self.timeout = timeout
+
+    def argv(self, protocol: track.Protocol) -> list[str]:
+        return script_argv(self.command, protocol.values())
+
+    def launch(
+        self,
+        nproc: int,
+        protocol: track.Protocol,
+        log: Path,
+        *,
+        env: dict | None = None,
+        cwd: Path | None = None,
+        watch=None,
+    ) -> Exit:
+        """One launch with `protocol`'s variables over `env` (default: this process's);
+        a rank killed by a signal logs its stack (PYTHONFAULTHANDLER)."""
+        env = dict(os.environ if env is None else env, **protocol.environ())
+        env.setdefault("PYTHONFAULTHANDLER", "1")
+        return launch(self.argv(protocol), nproc, log, env=env, timeout=self.timeout,
+                      launcher=self.launcher, run_path=self.run_path, cwd=cwd,
+                      watch=watch)  # fmt: skip
+
+
+def script_argv(command: str, values: dict[str, str]) -> list[str]:
+    """The script's command line with the protocol's placeholders (`{max_steps}`, ...) filled."""
+    argv = shlex.split(command)
+    for i, arg in enumerate(argv):
+        for placeholder in track.PLACEHOLDERS:
+            arg = arg.replace("{" + placeholder + "}", values[placeholder])
+        argv[i] = arg
+    return argv
+
+
+def wrote_checkpoint(folder: Path, since: float) -> bool:
+    """A checkpoint a launch wrote: a file in the folder, none empty, one written after the
+    launch started (a resumed run's old checkpoint does not count)."""
+    if not folder.is_dir():
+        return False
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    return (
+        bool(files)
+        and all(p.stat().st_size > 0 for p in files)
+        and any(p.stat().st_mtime >= since - 1 for p in files)
+    )
+
+
+def _span(steps: list[int]) -> str:
+    return f"{steps[0]}..{steps[-1]}" if steps else "none"
+
+
+PYTHON_NAME = re.compile(r"python(\d+(\.\d+)?)?")
+
+
+def other_python(argv: list[str], path: str | None = None) -> str | None:
+    """The interpreter a command run as `python ...` (or python3, python3.11) finds on PATH
+    (`path`, default this process's), when it is not the one running lockstep (another venv,
+    or the system's, without torch or lockstep); None when it is, or for any other command."""
+    if not argv or not PYTHON_NAME.fullmatch(argv[0]):
+        return None
+    found = shutil.which(argv[0], path=path if path is not None else os.environ.get("PATH"))
+    if found is None or _prefix(found) == _prefix(sys.executable):
+        return None
+    return found
+
+
+def _prefix(executable: str) -> str:
+    """The environment an interpreter runs in, as its startup finds it: a venv's folder (a
+    pyvenv.cfg beside it or one level up, before any symlink is followed; a venv's python is
+    a symlink to its base interpreter), else the installation the resolved binary is in."""
+    here = os.path.dirname(os.path.abspath(executable))
+    for folder in (here, os.path.dirname(here)):
+        if os.path.isfile(os.path.join(folder, "pyvenv.cfg")):
+            return os.path.realpath(folder)
+    return os.path.dirname(os.path.dirname(os.path.realpath(executable)))
