@@ -1,0 +1,84 @@
+"""torchrun across the bed: one agent per node, c10d rendezvous on node 0's address."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lockstep.cluster.bed import Cluster, NodeProcess
+
+
+def torchrun_command(
+    bed: Cluster,
+    argv: Sequence[str],
+    *,
+    nnodes: int | str | None = None,
+    nproc_per_node: int = 1,
+    port: int = 29400,
+    rdzv_id: str = "lockstep-bed",
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """One node's agent: `torchrun --nnodes N --nproc-per-node n --rdzv-backend c10d
+    --rdzv-endpoint ls0:<port> [extra] argv` (argv starts with `-m module` or a script)."""
+    torchrun = Path(bed.python).parent / "torchrun"
+    head = [str(torchrun)] if torchrun.exists() else [bed.python, "-m", "torch.distributed.run"]
+    nnodes = len(bed.names) if nnodes is None else nnodes
+    return [
+        *head,
+        *("--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node)),
+        *("--rdzv-backend", "c10d", "--rdzv-endpoint", f"{bed.hostname(0)}:{port}"),
+        *("--rdzv-id", rdzv_id),
+        *extra,
+        *map(str, argv),
+    ]
+
+
+def start_torchrun(
+    bed: Cluster,
+    argv: Sequence[str],
+    *,
+    nodes: Sequence[int] | None = None,
+    nnodes: int | str | None = None,
+    nproc_per_node: int = 1,
+    port: int = 29400,
+    env: Mapping[str, str] | None = None,
+    extra: Sequence[str] = (),
+) -> dict[int, NodeProcess]:
+    """Start the agents on `nodes` (default: all; leave a node out for one whose agent never
+    starts); returns them by node index, stdout and stderr as pipes."""
+    which = list(range(len(bed.names))) if nodes is None else list(nodes)
+    nnodes = len(bed.names) if nnodes is None else nnodes
+    cmd = torchrun_command(
+        bed, argv, nnodes=nnodes, nproc_per_node=nproc_per_node, port=port, extra=extra
+    )
+    return {k: bed.popen(k, cmd, env=env, stderr=subprocess.PIPE) for k in which}
+
+
+def torchrun(
+    bed: Cluster,
+    argv: Sequence[str],
+    *,
+    nodes: Sequence[int] | None = None,
+    nnodes: int | str | None = None,
+    nproc_per_node: int = 1,
+    port: int = 29400,
+    env: Mapping[str, str] | None = None,
+    extra: Sequence[str] = (),
+    timeout: float = 120.0,
+) -> dict[str, subprocess.CompletedProcess]:
+    """Run torchrun's agents on the nodes and wait for all of them (`NodeTimeout` names the
+    nodes whose agent was still running at `timeout`); results by node name."""
+    procs = start_torchrun(
+        bed,
+        argv,
+        nodes=nodes,
+        nnodes=nnodes,
+        nproc_per_node=nproc_per_node,
+        port=port,
+        env=env,
+        extra=extra,
+    )
+    return bed.wait_all(procs, timeout)

@@ -1,0 +1,90 @@
+"""Real Open MPI on the bed: `mpirun` on the head, its daemons (orted) on the nodes.
+
+Open MPI starts one orted per host through its remote agent (`plm_rsh_agent`, normally ssh).
+On the bed the agent is `lockstep-rsh`, a script in the bed's state folder that enters the
+node's namespaces (`nsenter -t <node init> --all`) instead, and starts the daemon with the
+node's environment (`nodes/<name>/profile`: a login shell's view of that node, with what
+`Cluster.set_node_env` planted), the way ssh would. TCP only, on the bed's subnet.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from lockstep.cluster.bed import HEAD, STATE
+
+if TYPE_CHECKING:
+    from lockstep.cluster.bed import Cluster
+
+AGENT = f"{STATE}/bin/lockstep-rsh"
+TOOLS = ("mpirun", "orted")
+
+_AGENT = f"""#!/bin/sh
+# Open MPI's remote agent on the lockstep test bed: what ssh would do, by entering the node's
+# namespaces. Called as `lockstep-rsh [ssh options] HOST COMMAND...` from the head.
+while [ $# -gt 0 ]; do case $1 in -*) shift ;; *) break ;; esac; done
+host=$1
+shift
+if [ ! -r "{STATE}/nodes/$host/pid" ]; then
+	echo "lockstep-rsh: no node $host on this bed" >&2
+	exit 255
+fi
+pid=$(cat "{STATE}/nodes/$host/pid")
+exec nsenter -t "$pid" --all --wd=/ -- env -i /bin/sh -c ". {STATE}/nodes/$host/profile; $*"
+"""
+
+
+def version() -> str:
+    """`4.1.4`."""
+    out = subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout
+    return out.splitlines()[0].split()[-1] if out else "unknown"
+
+
+def install_agent(bed: Cluster) -> str:
+    path = bed.state_path("bin", "lockstep-rsh")
+    path.write_text(_AGENT)
+    os.chmod(path, 0o755)
+    bed.write_profiles()
+    return AGENT
+
+
+def mpirun_command(
+    bed: Cluster,
+    argv: Sequence[str],
+    *,
+    per_node: int = 1,
+    nodes: Sequence[int] | None = None,
+    export: Sequence[str] = (),
+    extra: Sequence[str] = (),
+) -> list[str]:
+    which = list(range(len(bed.names))) if nodes is None else list(nodes)
+    hosts = ",".join(f"{bed.hostname(k)}:{per_node}" for k in which)
+    cmd = ["mpirun", "--allow-run-as-root", "-H", hosts, "-np", str(per_node * len(which))]
+    cmd += ["--mca", "plm_rsh_agent", AGENT]
+    cmd += ["--bind-to", "none", "--mca", "btl", "self,vader,tcp"]
+    cmd += ["--mca", "btl_tcp_if_include", bed.subnet, "--mca", "oob_tcp_if_include", bed.subnet]
+    for name in export:
+        cmd += ["-x", name]
+    return [*cmd, *extra, *map(str, argv)]
+
+
+def mpirun(
+    bed: Cluster,
+    argv: Sequence[str],
+    *,
+    per_node: int = 1,
+    nodes: Sequence[int] | None = None,
+    env: Mapping[str, str] | None = None,
+    extra: Sequence[str] = (),
+    timeout: float = 120.0,
+) -> subprocess.CompletedProcess:
+    """`mpirun -H ls0:<per_node>,... argv` from the head. Each rank starts from its node's
+    environment; `env` is set for mpirun and forwarded to every rank with `-x`."""
+    install_agent(bed)
+    cmd = mpirun_command(
+        bed, argv, per_node=per_node, nodes=nodes, export=sorted(env or {}), extra=extra
+    )
+    return bed.run(HEAD, cmd, env=env, timeout=timeout)

@@ -1,0 +1,78 @@
+"""The cluster tier: tests on a bed of namespace nodes (lockstep.cluster), with real torchrun,
+Slurm and Open MPI on it. Marked `cluster` and left out of the CPU tier: they run when selected,
+with `pytest -m cluster` (`nox -s cluster`) or by naming tests/cluster.
+
+Where no bed can be built (not root, no unshare/ip, no network namespaces, no Slurm or Open MPI
+installed: ci/install-cluster.sh) they skip with a one-line reason, except under
+LOCKSTEP_REQUIRE_CLUSTER=1, where that is an error.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lockstep.cluster import Cluster, unavailable
+
+HERE = Path(__file__).resolve().parent
+_REASON: dict[str, str | None] = {}
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "cluster: cluster tier on namespace nodes (pytest -m cluster, nox -s cluster)"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Keep the cluster tier out of a plain `pytest` of the whole tree (the CPU tier)."""
+    chosen = "cluster" in (config.option.markexpr or "") or any(
+        p == HERE or HERE in p.parents
+        for p in (Path(a.split("::")[0]).resolve() for a in config.args)
+    )
+    if chosen:
+        return
+    dropped = [item for item in items if item.get_closest_marker("cluster")]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not item.get_closest_marker("cluster")]
+
+
+def need(*tools: str) -> None:
+    """Skip (or fail under LOCKSTEP_REQUIRE_CLUSTER=1) where no bed, or a tool, is missing."""
+    if "bed" not in _REASON:
+        _REASON["bed"] = unavailable()
+    reason = _REASON["bed"]
+    missing = [t for t in tools if shutil.which(t) is None]
+    if reason is None and missing:
+        reason = f"the cluster tier needs {', '.join(missing)} (ci/install-cluster.sh)"
+    if reason is None:
+        return
+    if os.environ.get("LOCKSTEP_REQUIRE_CLUSTER") == "1":
+        pytest.fail(f"LOCKSTEP_REQUIRE_CLUSTER=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def bed_available():
+    need()
+
+
+@pytest.fixture
+def slurm_available():
+    from lockstep.cluster import slurm
+
+    need(*slurm.DAEMONS[:3])
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A 4-node bed with Slurm's daemons, shared by a module's tests."""
+    from lockstep.cluster import slurm
+
+    need(*slurm.DAEMONS[:3], "mpirun", "orted")
+    with Cluster(4, slurm=True, env={"NO_COLOR": "1"}) as bed:
+        yield bed
