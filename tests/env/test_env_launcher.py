@@ -1,38 +1,102 @@
-"""Launcher recognition: each launcher's variables, half-set and contradictory ones (no torch)."""
+"""Launcher recognition: each launcher's variables, half-set and contradictory ones (no torch).
+
+Slurm's, Open MPI's and torchrun's variables come from tables recorded from the real launchers
+on a 4-node test bed (tests/env/data/launcher_vars_*.json, `python -m lockstep.cluster.record
+tests/env/data`: srun -N4 --ntasks-per-node 2, mpirun -H ls0:2,ls1:2,ls2:2,ls3:2, torchrun
+--nnodes 4 --nproc-per-node 2), never written by hand; DeepSpeed's, MVAPICH's and PMI's are.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from lockstep.cli import main
-from lockstep.env.launcher import LAUNCHER_VARIABLES, detect, expand_tasks_per_node, first_host
+from lockstep.env.launcher import (
+    LAUNCHER_VARIABLES,
+    PER_RANK_VARIABLES,
+    detect,
+    expand_tasks_per_node,
+    first_host,
+)
 from lockstep.errors import UsageError
 
+DATA = Path(__file__).resolve().parent / "data"
 MASTER = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
 CONFIG = str(Path(__file__).resolve().parents[2] / "smoke" / "cpu-ddp.toml")
 RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-SRUN = {  # rank 3 of `srun -N2 --ntasks-per-node 2`, no MASTER_ADDR/MASTER_PORT exported
-    "SLURM_PROCID": "3",
-    "SLURM_NTASKS": "4",
-    "SLURM_LOCALID": "1",
-    "SLURM_NODEID": "1",
-    "SLURM_STEP_NODELIST": "gpu[07-08]",
-    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
-    "SLURM_JOB_ID": "4242",
-    "SLURM_LAUNCH_NODE_IPADDR": "10.9.9.9",  # the old train-only derivation's address
-}
-MPIRUN = {
-    "OMPI_COMM_WORLD_RANK": "2",
-    "OMPI_COMM_WORLD_SIZE": "4",
-    "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-    "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-    "OMPI_COMM_WORLD_NODE_RANK": "1",
-    **MASTER,
-}
+RECORDED = {"slurm": "slurm", "openmpi": "openmpi", "torchrun": "torchelastic"}
+
+
+def recorded(launcher: str) -> dict:
+    return json.loads((DATA / f"launcher_vars_{launcher}.json").read_text())
+
+
+def recorded_rank(launcher: str, rank: int) -> dict[str, str]:
+    return dict(recorded(launcher)["ranks"][rank]["env"])
+
+
+# rank 3 of the real `srun -N4 --ntasks-per-node 2` (on ls1), no MASTER_ADDR/MASTER_PORT
+SRUN = recorded_rank("slurm", 3)
+# rank 2 of the real `mpirun -H ls0:2,ls1:2,ls2:2,ls3:2 -x MASTER_ADDR -x MASTER_PORT` (on ls1)
+MPIRUN = recorded_rank("openmpi", 2)
+
+
+@pytest.mark.parametrize("launcher", sorted(RECORDED))
+def test_recorded_launch_reads_every_rank_right(launcher):
+    """Every rank of a real 4 x 2 launch: its rank, the world, its place on its node, and one
+    node index per host (or none, where the launcher gives none) so preflight counts 4 nodes."""
+    table = recorded(launcher)
+    ranks = table["ranks"]
+    by_host = defaultdict(list)
+    for row in ranks:
+        by_host[row["host"]].append(row)
+    assert len(ranks) == 8 and len(by_host) == 4
+    groups = set()
+    for index, row in enumerate(ranks):
+        info = detect(row["env"])
+        assert (info.launcher, info.rank, info.world_size) == (RECORDED[launcher], index, 8)
+        on_host = [detect(r["env"]).rank for r in by_host[row["host"]]]
+        assert info.local_world_size == len(on_host) == 2
+        assert info.local_rank == sorted(on_host).index(info.rank)
+        assert info.master_addr == "ls0"  # the first host, derived under Slurm
+        groups.add((info.node_rank, row["host"]))  # how preflight's report groups ranks
+    assert len(groups) == 4, f"{launcher}: ranks grouped into {len(groups)} nodes: {groups}"
+    node_ranks = {node for node, _ in groups}
+    assert node_ranks == ({None} if launcher == "openmpi" else {0, 1, 2, 3})
+
+
+def test_open_mpi_node_rank_is_the_rank_on_the_node_not_the_node():
+    """The bug the real mpirun showed: OMPI_COMM_WORLD_NODE_RANK is 0 and 1 on every node of
+    `-H ls0:2,...`; read as the node's index it made preflight report 8 ranks on 8 nodes."""
+    ranks = recorded("openmpi")["ranks"]
+    assert {r["env"]["OMPI_COMM_WORLD_NODE_RANK"] for r in ranks} == {"0", "1"}
+    assert all(detect(r["env"]).node_rank is None for r in ranks)
+    assert "OMPI_COMM_WORLD_NODE_RANK" in PER_RANK_VARIABLES  # differs by design, not drift
+
+
+def test_recorded_per_rank_variables_are_known():
+    """A variable that differs between the ranks of a clean real launch must be one preflight
+    expects to differ (PER_RANK_VARIABLES), or the comparison would flag a clean launch."""
+    for launcher in RECORDED:
+        ranks = recorded(launcher)["ranks"]
+        differing = {
+            name
+            for name in set().union(*(r["env"] for r in ranks))
+            if name in LAUNCHER_VARIABLES and len({r["env"].get(name) for r in ranks}) > 1
+        }
+        assert differing <= set(PER_RANK_VARIABLES), (launcher, differing - set(PER_RANK_VARIABLES))
+
+
+def test_recorded_tables_name_their_versions():
+    assert recorded("slurm")["slurm"].startswith("slurm")
+    assert recorded("openmpi")["open_mpi"][0].isdigit()
+    assert recorded("torchrun")["torch"][0].isdigit()
 
 
 @pytest.mark.parametrize(
@@ -74,21 +138,14 @@ MPIRUN = {
             1,
         ),
         (
-            {
-                "OMPI_COMM_WORLD_RANK": "2",
-                "OMPI_COMM_WORLD_SIZE": "4",
-                "OMPI_COMM_WORLD_LOCAL_RANK": "0",
-                "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-                "OMPI_COMM_WORLD_NODE_RANK": "1",
-                "SLURM_PROCID": "0",  # mpirun inside an allocation: Open MPI's numbers win
-                **MASTER,
-            },
+            # mpirun inside an allocation: Open MPI's numbers win; it has no node index
+            {**recorded_rank("openmpi", 2), "SLURM_PROCID": "0", **MASTER},
             "openmpi",
             2,
-            4,
+            8,
             0,
             2,
-            1,
+            None,
         ),
         (
             {
@@ -105,22 +162,7 @@ MPIRUN = {
             2,
             None,
         ),
-        (
-            {
-                "SLURM_PROCID": "3",
-                "SLURM_NTASKS": "4",
-                "SLURM_LOCALID": "1",
-                "SLURM_NODEID": "1",
-                "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
-                **MASTER,
-            },
-            "slurm",
-            3,
-            4,
-            1,
-            2,
-            1,
-        ),
+        ({**recorded_rank("slurm", 3), **MASTER}, "slurm", 3, 8, 1, 2, 1),
         (
             {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", **MASTER},
             "pmi",
@@ -270,16 +312,17 @@ def test_preflight_and_train_meet_at_the_same_slurm_rendezvous(launched, monkeyp
     checked = preflight_rendezvous(monkeypatch)
     trained = train_rendezvous(monkeypatch, tmp_path)
     assert trained == checked
-    port = str(15000 + 4242 % 20000)
+    port = str(15000 + int(SRUN["SLURM_JOB_ID"]) % 20000)
     assert checked == dict(
-        RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", MASTER_ADDR="gpu07", MASTER_PORT=port
+        RANK="3", WORLD_SIZE="8", LOCAL_RANK="1", MASTER_ADDR="ls0", MASTER_PORT=port
     )
 
 
 def test_train_under_mpirun_takes_ranks_from_open_mpi(launched, monkeypatch, tmp_path):
     launched(MPIRUN)
     trained = train_rendezvous(monkeypatch, tmp_path)
-    assert trained == dict(RANK="2", WORLD_SIZE="4", LOCAL_RANK="0", **MASTER)
+    master = {"MASTER_ADDR": "ls0", "MASTER_PORT": "29500"}  # mpirun -x, as recorded
+    assert trained == dict(RANK="2", WORLD_SIZE="8", LOCAL_RANK="0", **master)
     assert trained == preflight_rendezvous(monkeypatch)
 
 

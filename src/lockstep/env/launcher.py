@@ -8,6 +8,11 @@ a rank that guesses its place hangs the others.
 Launchers that export no rendezvous address (srun, mpirun, PMI, MVAPICH) take MASTER_ADDR and
 MASTER_PORT from the environment; under Slurm they default to the first host of the step's
 node list and a port derived from the job id, so every rank computes the same pair.
+`node_rank` is a node's index only where the launcher says so (torchrun's GROUP_RANK,
+DeepSpeed's CROSS_RANK, SLURM_NODEID); Open MPI has no such variable (its
+OMPI_COMM_WORLD_NODE_RANK is the process's rank *on* its node, 0 and 1 on every node of
+`mpirun -H a:2,b:2`), so there it is None and preflight groups ranks by hostname. The tables in
+tests/env/data/ were recorded from the real launchers (lockstep.cluster.record).
 `adopt()` also writes the result as torch.distributed's `env://` variables.
 """
 
@@ -43,7 +48,7 @@ _SCHEMES = [
         "OMPI_COMM_WORLD_SIZE",
         "OMPI_COMM_WORLD_LOCAL_RANK",
         "OMPI_COMM_WORLD_LOCAL_SIZE",
-        "OMPI_COMM_WORLD_NODE_RANK",
+        None,  # not OMPI_COMM_WORLD_NODE_RANK: that is the rank on the node, not the node's
     ),
     (
         "mvapich",
@@ -95,13 +100,14 @@ LAUNCHER_VARIABLES = sorted(
         "SLURM_JOB_NODELIST",
         "SLURM_TASKS_PER_NODE",
         "SLURM_STEP_TASKS_PER_NODE",
+        "OMPI_COMM_WORLD_NODE_RANK",
     }
 )
 
 # Launcher variables that differ between ranks by design.
 PER_RANK_VARIABLES = sorted(
     {name for scheme in _SCHEMES for name in (scheme[1], scheme[3], scheme[5]) if name}
-    | {"ROLE_RANK", "TORCHELASTIC_ERROR_FILE"}
+    | {"ROLE_RANK", "TORCHELASTIC_ERROR_FILE", "OMPI_COMM_WORLD_NODE_RANK"}
 )
 
 

@@ -175,6 +175,7 @@ def _identity(info: RankInfo, device: torch.device, checks: list[dict]) -> dict:
     return {
         "rank": info.rank,
         "host": socket.gethostname(),
+        "address": _address(info),
         "node": info.node_rank,
         "local_rank": info.local_rank,
         "launcher": info.launcher,
@@ -182,6 +183,17 @@ def _identity(info: RankInfo, device: torch.device, checks: list[dict]) -> dict:
         "gpu": gpu,
         "checks": checks,
     }
+
+
+def _address(info: RankInfo) -> str | None:
+    """This host's address toward MASTER_ADDR (the source address the route picks; a UDP
+    connect sends nothing), None where it does not resolve or route."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((info.master_addr, info.master_port))
+            return sock.getsockname()[0]
+    except OSError:
+        return None
 
 
 def _connect(info: RankInfo, timeout: timedelta) -> dist.Store:

@@ -70,10 +70,11 @@ def print_console(report: dict) -> None:
 
     console = Console(highlight=False, soft_wrap=True)
     nodes = Table(title="lockstep preflight: nodes")
-    for col in ("node", "host", "ranks"):
+    for col in ("node", "host", "address", "ranks"):
         nodes.add_column(col)
     for node in report["nodes"]:
-        nodes.add_row(_show(node["node"]), node["host"], ",".join(map(str, node["ranks"])))
+        address = ",".join(node.get("addresses", [])) or "-"
+        nodes.add_row(_show(node["node"]), node["host"], address, ",".join(map(str, node["ranks"])))
     console.print(nodes)
 
     checks = Table(title="checks")

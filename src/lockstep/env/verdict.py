@@ -76,8 +76,12 @@ def build_report(
         problems.append(mm["detail"])
 
     nodes: dict[tuple, list[int]] = {}
+    addresses: dict[tuple, list[str]] = {}
     for ident in identities:
         nodes.setdefault((ident["node"], ident["host"]), []).append(ident["rank"])
+        if ident.get("address"):  # reports from before 'address' have none
+            where = addresses.setdefault((ident["node"], ident["host"]), [])
+            where += [ident["address"]] if ident["address"] not in where else []
     return {
         "schema": REPORT_SCHEMA,
         "ok": not problems,
@@ -88,6 +92,7 @@ def build_report(
         "compared": compared_line(comparison, fingerprints),
         "nodes": [
             {"node": node, "host": host, "ranks": ranks}
+            | ({"addresses": addresses[node, host]} if (node, host) in addresses else {})
             for (node, host), ranks in sorted(nodes.items(), key=lambda kv: kv[1][0])
         ],
         "problems": problems,
