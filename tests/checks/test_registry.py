@@ -6,8 +6,11 @@ from lockstep.checks.result import CheckResult
 
 def test_every_registered_check_is_runnable_where_the_registry_says():
     for name, check in registry.CHECKS.items():
-        if check.launch in ("shared", "world-sizes", "resume"):
-            assert name in harness.RANK_CHECKS, f"{name}: no rank-side function"
+        if check.plan is None or name in ("world-size", "resume"):
+            assert callable(check.rank.resolve()), f"{name}: no rank-side function"
+        for function in (check.rank, check.plan, check.script and check.script.run):
+            assert function is None or callable(function.resolve()), f"{name}: {function}"
+    assert registry.CHECKS["resume"].rank.resolve() is harness.check_resume
     assert registry.names(script=True) == ("determinism", "resume", "world-size", "replicas")
     assert registry.shared(registry.names()) == (
         "determinism", "clip", "equivalence", "accumulation", "replicas",

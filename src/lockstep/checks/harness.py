@@ -502,16 +502,3 @@ def check_replicas(cfg: RunConfig, workdir: Path) -> CheckResult:
         diagnosis=replica_departed(quantity, step, rank),
         rank=rank,
     )
-
-
-# The checks that run inside one launch, by their registry name (`checks/registry.py`); resume
-# in new processes and elastic are driven by `harness_ranks`.
-RANK_CHECKS = {
-    "determinism": check_determinism,
-    "resume": check_resume,
-    "clip": check_clip_norm_types,
-    "equivalence": check_equivalence,
-    "world-size": check_world_size,
-    "accumulation": check_accumulation,
-    "replicas": check_replicas,
-}

@@ -1,5 +1,5 @@
 """What each rank of a harness check (`lockstep check NAME CONFIG`) runs, and `run_ranks` to
-start them on this machine (`lockstep.local_ranks.run_local`) and collect rank 0's result.
+start them on this machine (`lockstep.launch.run_local`) and collect rank 0's result.
 
 One launch runs the several trainings of a check one after another in the same processes,
 so a check pays the process start (several seconds with DeepSpeed) once, not per training.
@@ -62,24 +62,17 @@ def in_group(device: str, body, attempt: int | None = None):
             dist.destroy_process_group()
 
 
-def rank_checks(names: list[str], config: dict, workdir: str, options: dict) -> list:
-    """One rank of `lockstep check NAME CONFIG`: run the named harness checks in order."""
-    from lockstep.checks import harness
+def rank_calls(calls: list, config: dict, workdir: str, options: dict) -> list:
+    """One rank of `lockstep check NAME CONFIG`: `fn(cfg, workdir, **options)` for each of
+    `calls` (rank-side functions, `registry.Function`) in order, in one process group; the
+    results they return (a function that only prepares, returning None, adds none)."""
     from lockstep.train.config import from_dict
 
     cfg = from_dict(config)
     out = Path(workdir)
 
     def body():
-        results = []
-        for name in names:
-            if name == "resume-reference":
-                harness.resume_reference(cfg, out, options["half"])
-                continue
-            if name == "resume-compare":
-                results.append(harness.resume_compare(cfg, out, options["half"]))
-            else:
-                results.append(harness.RANK_CHECKS[name](cfg, out))
-        return results
+        found = (fn(cfg, out, **options) for fn in calls)
+        return [result for result in found if result is not None]
 
     return in_group(cfg.resolved_device(), body)

@@ -1,55 +1,118 @@
-"""Every invariant check by name: what it catches, how it is launched on the reference job
-(`lockstep check NAME CONFIG`) and whether it runs on a user's script (`--script`).
+"""Every invariant check by name, with what it catches and what runs it: a new check is one
+row of `CHECKS` and its functions.
 
-A new check is one entry here, its function in `harness.py` (rank side, on the reference job)
-and, if it runs on scripts, one in `script.py`.
+- `rank`: the function every rank runs on lockstep's reference job (`harness.py`), for
+  `lockstep check NAME CONFIG`; `all` runs the checks without a `plan` in one shared launch;
+- `plan`: for a check that needs launches of its own (new processes, other world sizes, a
+  killed rank), the function in `plans.py` that makes them;
+- `script`: the function that checks a user's script (`script.py`, `--script CMD`) and its
+  default tolerances.
+
+Functions are named here (`Function`) and imported when called: the CLI builds its parser
+from this table, and `lockstep --help` does not import torch.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+
+from lockstep.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Function:
+    """A function of `lockstep.checks.<module>`, imported at its first call (picklable: a
+    launch sends it to its ranks)."""
+
+    module: str
+    name: str
+
+    def resolve(self):
+        return getattr(importlib.import_module(f"lockstep.checks.{self.module}"), self.name)
+
+    def __call__(self, *args, **kwargs):
+        return self.resolve()(*args, **kwargs)
+
+
+def harness(name: str) -> Function:
+    return Function("harness", name)
+
+
+def plan(name: str) -> Function:
+    return Function("plans", name)
+
+
+@dataclass(frozen=True)
+class OnScript:
+    """How a check runs on a user's script: `run(runner, runs, rtol=, atol=)`, with these
+    tolerances unless --rtol/--atol say otherwise; `tolerance` None: compared exactly, without
+    tolerances. `all` leaves the check out below `min_nproc` ranks."""
+
+    run: Function
+    tolerance: tuple[float, float] | None = (0.0, 0.0)
+    min_nproc: int = 1
+
+    def tolerances(self, rtol: float | None, atol: float | None) -> dict[str, float]:
+        if self.tolerance is None:
+            return {}
+        return {
+            "rtol": self.tolerance[0] if rtol is None else rtol,
+            "atol": self.tolerance[1] if atol is None else atol,
+        }
 
 
 @dataclass(frozen=True)
 class Check:
     name: str
     catches: str
-    # "shared": one training launch that `all` shares with the other shared checks;
-    # "resume": a launch that checkpoints, then a new one (maybe at another world size) that
-    # resumes; "world-sizes": one launch per world size; "elastic": a launch that kills a rank
-    # and restarts.
-    launch: str
-    on_script: bool
+    rank: Function | None = None
+    plan: Function | None = None
+    script: OnScript | None = None
+    # on a CONFIG: the ranks it needs, and why (the one-line error below them)
+    min_nproc: tuple[int, str] = (1, "")
+
+    def require_ranks(self, nproc: int) -> None:
+        least, why = self.min_nproc
+        if nproc < least:
+            raise UsageError(f"the {self.name} check {why}: run it with --nproc {least} or more")
+
+
+def on_script(name: str, **options) -> OnScript:
+    return OnScript(Function("script", name), **options)
 
 
 CHECKS: dict[str, Check] = {
     c.name: c
     for c in (
         Check("determinism", "unseeded data order, sampling or init; nondeterministic kernels",
-              "shared", on_script=True),
+              rank=harness("check_determinism"), script=on_script("check_determinism")),
         Check("resume", "a resume that forgets the LR schedule, RNG state, data position or "
-              "optimizer", "resume", on_script=True),
-        Check("clip", "gradient clipping on a local shard (every norm type)", "shared",
-              on_script=False),
-        Check("equivalence", "a sharded engine computing other numbers than DDP", "shared",
-              on_script=False),
-        Check("world-size", "a loss or norm that depends on the world size", "world-sizes",
-              on_script=True),
+              "optimizer", rank=harness("check_resume"), plan=plan("resume"),
+              script=on_script("check_resume")),
+        Check("clip", "gradient clipping on a local shard (every norm type)",
+              rank=harness("check_clip_norm_types")),
+        Check("equivalence", "a sharded engine computing other numbers than DDP",
+              rank=harness("check_equivalence")),
+        Check("world-size", "a loss or norm that depends on the world size",
+              rank=harness("check_world_size"), plan=plan("world_sizes"),
+              script=on_script("check_world_size", tolerance=(1e-4, 1e-6))),
         Check("accumulation", "gradient accumulation that differs from the large batch",
-              "shared", on_script=False),
+              rank=harness("check_accumulation")),
         Check("replicas", "replicas that depart: a buffer never broadcast, a rank-dependent "
-              "seed, a gradient left out of averaging", "shared", on_script=True),
+              "seed, a gradient left out of averaging", rank=harness("check_replicas"),
+              script=on_script("check_replicas", tolerance=None, min_nproc=2)),
         Check("elastic", "a restart after a killed rank that does not resume exactly",
-              "elastic", on_script=False),
+              plan=plan("elastic"), min_nproc=(2, "kills rank 1")),
     )
 }  # fmt: skip
 
 
 def names(script: bool = False) -> tuple[str, ...]:
     """The checks, in the order `all` runs them; with `script`, those that run on a script."""
-    return tuple(name for name, c in CHECKS.items() if c.on_script or not script)
+    return tuple(name for name, c in CHECKS.items() if c.script is not None or not script)
 
 
 def shared(selected: tuple[str, ...]) -> tuple[str, ...]:
     """Of `selected`, those that run together in one launch."""
-    return tuple(name for name in selected if CHECKS[name].launch == "shared")
+    return tuple(name for name in selected if CHECKS[name].plan is None)

@@ -22,6 +22,7 @@ checkpoint. Any other crash is bad input.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from lockstep.checks.diagnosis import REPLICA_QUANTITIES, replica_departed
@@ -30,6 +31,15 @@ from lockstep.checks.trajectory import Divergence, by_step, first_divergence, re
 from lockstep.errors import RankTimeout, UsageError
 from lockstep.launch.script import Script
 from lockstep.track import Protocol
+
+
+@dataclass(frozen=True)
+class Runs:
+    """What the checks' runs are asked for: ranks, steps per run, the world sizes compared."""
+
+    nproc: int
+    steps: int
+    sizes: list[int]
 
 
 class ScriptRunner:
@@ -147,8 +157,9 @@ class ScriptRunner:
 
 
 def check_determinism(
-    runner: ScriptRunner, nproc: int, steps: int, rtol: float = 0.0, atol: float = 0.0
+    runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float
 ) -> CheckResult:
+    nproc, steps = asked.nproc, asked.steps
     first = runner.run("determinism-1", nproc=nproc, max_steps=steps)
     second = runner.run("determinism-2", nproc=nproc, max_steps=steps, reuse=False)
     _require_steps(first, steps, "determinism-1")
@@ -173,9 +184,7 @@ def check_determinism(
     )
 
 
-def check_resume(
-    runner: ScriptRunner, nproc: int, steps: int, rtol: float = 0.0, atol: float = 0.0
-) -> CheckResult:
+def check_resume(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float) -> CheckResult:
     """2N straight steps against N steps, a checkpoint, new processes and a resume to 2N.
 
     The script may checkpoint at any step k <= N (every few steps, before or after the step
@@ -183,6 +192,7 @@ def check_resume(
     steps k+1..2N are compared. A resume that starts at step 1 (nothing loaded), past N+1, or
     that leaves out a step fails.
     """
+    nproc, steps = asked.nproc, asked.steps
     half = max(1, steps // 2)
     total = 2 * half
     straight = runner.run("resume-straight", nproc=nproc, max_steps=total)
@@ -272,10 +282,9 @@ def _diagnose_resume(div: Divergence, straight: list[dict], resumed: list[dict])
     )
 
 
-def check_world_size(
-    runner: ScriptRunner, sizes: list[int], steps: int, rtol: float = 1e-4, atol: float = 1e-6
-) -> CheckResult:
+def check_world_size(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float) -> CheckResult:
     """The same global batch on each world size; the script must keep it constant."""
+    sizes, steps = asked.sizes, asked.steps
     runs = {n: runner.run(f"world-size-{n}", nproc=n, max_steps=steps) for n in sizes}
     base = sizes[0]
     _require_steps(runs[base], steps, f"world-size-{base}")
@@ -303,11 +312,12 @@ def check_world_size(
     )
 
 
-def check_replicas(runner: ScriptRunner, nproc: int, steps: int) -> CheckResult:
+def check_replicas(runner: ScriptRunner, asked: Runs) -> CheckResult:
     """One run in which every rank logs its own line: data-parallel replicas must agree after
     every step. Compared exactly, in the order a step computes them: loss, gradient norm,
     parameter digest, buffer digest. A loss that differs per rank from step 1 while
     everything else agrees is taken as each rank's local loss (noted, then left out)."""
+    nproc, steps = asked.nproc, asked.steps
     if nproc < 2:
         raise UsageError("the replicas check compares ranks: run it with --nproc 2 or more")
     per_rank = runner.run("replicas", nproc=nproc, max_steps=steps, per_rank=True)

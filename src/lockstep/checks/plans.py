@@ -1,0 +1,209 @@
+"""How `lockstep check` runs what it is asked (`Request`): on a CONFIG, the launches of
+lockstep's reference job (the checks without a plan share one launch in `all`; `resume`,
+`world_sizes` and `elastic` below make their own); on a script, its runs. Each result is
+shown as it comes (`show`); the CLI parses, calls `run` and prints.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from lockstep.checks import registry
+from lockstep.checks.result import CheckResult
+from lockstep.errors import UsageError
+
+Show = Callable[[CheckResult], None]
+
+
+@dataclass(frozen=True)
+class Request:
+    """A `lockstep check` command line, as parsed."""
+
+    name: str  # a check, or "all"
+    config: str | None = None
+    script: str | None = None
+    overrides: tuple[str, ...] = ()
+    nproc: int = 2
+    launcher: str | None = None
+    run_path: bool = False
+    steps: int | None = None
+    world_sizes: str = "1,2"
+    resume_nproc: int | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    timeout: float = 600.0
+    out: Path | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    results: list[CheckResult]
+    workdir: Path  # the runs and logs; removed when every check passed in a folder of ours
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.results)
+
+
+def run(request: Request, show: Show) -> Outcome:
+    if (request.config is None) == (request.script is None):
+        raise UsageError("give either a run CONFIG or --script CMD (exactly one)")
+    if request.nproc < 1 or (request.steps is not None and request.steps < 2):
+        raise UsageError("--nproc must be at least 1 and --steps at least 2")
+    sizes = parse_world_sizes(request.world_sizes)
+    workdir = request.out or Path(tempfile.mkdtemp(prefix="lockstep-check-"))
+    try:
+        if request.config is not None:
+            results = on_config(request, sizes, workdir, show)
+        else:
+            results = on_script(request, sizes, workdir, show)
+    except BaseException:
+        if request.out is None and not any(workdir.iterdir()):
+            workdir.rmdir()  # nothing ran; what did run keeps the log its error names
+        raise
+    outcome = Outcome(results, workdir)
+    if outcome.passed and request.out is None:  # checkpoints and logs in a folder of ours
+        shutil.rmtree(workdir, ignore_errors=True)
+    return outcome
+
+
+def parse_world_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        sizes = []
+    if len(sizes) < 2 or any(n < 1 for n in sizes):
+        raise UsageError(f"--world-sizes wants two or more positive integers, got {text!r}")
+    return sizes
+
+
+# ------------------------------------------------------------------------------- a CONFIG
+
+
+class Launches:
+    """Launches of the reference job for the checks of one request: `ranks` runs rank-side
+    functions in order on N local ranks and shows their results. Checks across world sizes
+    keep the global batch of --nproc ranks (`fixed`)."""
+
+    def __init__(self, cfg, request: Request, sizes: list[int], workdir: Path, show: Show):
+        from lockstep.checks import harness
+
+        self.cfg, self.nproc, self.sizes = cfg, request.nproc, sizes
+        self.resume_nproc = request.resume_nproc
+        self.workdir, self.show = workdir, show
+        self.config = cfg.model_dump(mode="json")
+        _, _, global_size = cfg.batch_shape(self.nproc)
+        self.fixed = harness.derive(cfg, batch__global_size=global_size, batch__grad_accum=0)
+        self.fixed_config = self.fixed.model_dump(mode="json")
+
+    def ranks(self, calls: list[registry.Function], n: int | None = None, config=None,
+              **options) -> list[CheckResult]:  # fmt: skip
+        from lockstep.checks.harness_ranks import rank_calls, run_ranks
+
+        config = self.config if config is None else config
+        args = (calls, config, str(self.workdir), options)
+        found = run_ranks(rank_calls, args, n or self.nproc, self.cfg)
+        for result in found:
+            self.show(result)
+        return found
+
+
+def on_config(request: Request, sizes: list[int], workdir: Path, show: Show) -> list:
+    """Each check in its own launch (or its plan's), the checks of `all` without a plan in one."""
+    from lockstep import extras
+    from lockstep.train.config import load_config
+
+    overrides = list(request.overrides) + ([f"steps={request.steps}"] if request.steps else [])
+    cfg = load_config(request.config, overrides)
+    cfg.check(request.nproc)
+    extras.require_config(f"lockstep check {request.config}", cfg, wandb=False)  # no wandb
+    if request.rtol is not None or request.atol is not None:
+        raise UsageError("--rtol/--atol apply to --script; checks on a CONFIG use fixed tolerances")
+    if request.launcher is not None or request.run_path:
+        raise UsageError(
+            "--launcher and --run-path apply to --script; a CONFIG's ranks start in-process"
+        )
+    names = registry.names() if request.name == "all" else (request.name,)
+    for name in names:
+        registry.CHECKS[name].require_ranks(request.nproc)
+    launches = Launches(cfg, request, sizes, workdir, show)
+    shared = registry.shared(names) if request.name == "all" else ()
+    results = launches.ranks([registry.CHECKS[n].rank for n in shared]) if shared else []
+    for name in names:
+        check = registry.CHECKS[name]
+        if name in shared:
+            continue
+        if check.plan is not None:
+            results += check.plan(launches, check)
+        else:
+            results += launches.ranks([check.rank])
+    return results
+
+
+def resume(launches: Launches, check: registry.Check) -> list[CheckResult]:
+    """A straight run that checkpoints at half, then new processes (maybe another world size,
+    --resume-nproc) that resume from it."""
+    half = max(1, launches.cfg.steps // 2)
+    other = launches.resume_nproc or launches.nproc
+    launches.fixed.check(other)
+    config = launches.fixed_config
+    launches.ranks([registry.harness("resume_reference")], config=config, half=half)
+    return launches.ranks([registry.harness("resume_compare")], other, config, half=half)
+
+
+def world_sizes(launches: Launches, check: registry.Check) -> list[CheckResult]:
+    """One launch per world size, on the same global batch; one result for all."""
+    from lockstep.checks import harness
+
+    for n in launches.sizes:
+        launches.fixed.check(n)
+    found = [
+        r for n in launches.sizes for r in launches.ranks([check.rank], n, launches.fixed_config)
+    ]
+    return [harness.combine(check.name, found)]
+
+
+def elastic(launches: Launches, check: registry.Check) -> list[CheckResult]:
+    """A launch with one restart in which rank 1 kills itself (`elastic.py`)."""
+    from lockstep.checks import elastic as elastic_check
+
+    result = elastic_check.run(launches.cfg, launches.workdir / "elastic", launches.nproc)
+    launches.show(result)
+    return [result]
+
+
+# ------------------------------------------------------------------------------- a script
+
+
+def on_script(request: Request, sizes: list[int], workdir: Path, show: Show) -> list:
+    from lockstep.checks.script import Runs, ScriptRunner
+
+    supported = registry.names(script=True)
+    if request.name not in (*supported, "all"):
+        raise UsageError(
+            f"check '{request.name}' needs a run CONFIG; --script supports {', '.join(supported)}"
+        )
+    if request.overrides or request.resume_nproc:
+        raise UsageError("--set and --resume-nproc apply to a run CONFIG, not to --script")
+    runner = ScriptRunner(
+        request.script,
+        workdir,
+        timeout=request.timeout,
+        launcher=request.launcher or "torchrun",
+        run_path=request.run_path,
+    )
+    names = supported if request.name == "all" else (request.name,)
+    if request.name == "all":  # e.g. replicas needs two ranks to compare
+        names = tuple(n for n in names if request.nproc >= registry.CHECKS[n].script.min_nproc)
+    asked = Runs(request.nproc, request.steps or 8, sizes)
+    results = []
+    for name in names:
+        side = registry.CHECKS[name].script
+        result = side.run(runner, asked, **side.tolerances(request.rtol, request.atol))
+        results.append(result)
+        show(result)
+    return results
