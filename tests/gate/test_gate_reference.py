@@ -17,7 +17,7 @@ import torch
 from lockstep.cli import main
 from lockstep.gate import golden
 from lockstep.gate.compare import compare
-from lockstep.gate.run import Run
+from lockstep.gate.run_result import Run
 from lockstep.train import checkpoint
 from lockstep.train.config import ModelConfig, from_dict
 from lockstep.train.data import synthetic_sample

@@ -11,12 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lockstep import alerts
 from lockstep.cli import main
 from lockstep.errors import UsageError
-from lockstep.gate import ab, alerts, envkey, golden, report, stats
+from lockstep.gate import ab, envkey, golden, report, stats
 from lockstep.gate.compare import compare
 from lockstep.gate.plot import plot_all
-from lockstep.gate.run import Run, read_rows, summary
+from lockstep.gate.run_result import Run, read_rows, summary
 
 ROOT = Path(__file__).resolve().parents[2]
 HEADER = {"name": "unit", "env_key": "k", "machine": "m"}
@@ -233,13 +234,13 @@ def test_a_golden_that_gates_nothing_is_not_written(tmp_path):
 
 def test_set_overrides_are_scrubbed_from_the_golden_header(tmp_path):
     """`--set` values land in the committed header (`job.overrides`): secrets in them go."""
-    from lockstep.gate import runner
+    from lockstep.gate import workflows
     from lockstep.gate.job import Job
 
     sets = ["model.overrides.api_token=hunter2", "logging.run_name=https://me:hunter3@wandb.test/x"]
     job = Job(nproc=1, config=ROOT / "smoke" / "cpu-ddp.toml", overrides=[*sets, "steps=3"])
-    env = runner.Environment("key", {"engine": "ddp"}, "this machine", {})
-    g = runner.build_golden("scrubbed", job, env, [run([1.0, 0.9, 0.8])] * 2)
+    env = workflows.Environment("key", {"engine": "ddp"}, "this machine", {})
+    g = workflows.build_golden("scrubbed", job, env, [run([1.0, 0.9, 0.8])] * 2)
     text = golden.write(g, tmp_path / "g.json").read_text()
     assert "hunter2" not in text and "hunter3" not in text, text
     overrides = golden.read(tmp_path / "g.json").header["job"]["overrides"]

@@ -20,7 +20,7 @@ from lockstep.errors import UsageError
 from lockstep.gate import stats
 from lockstep.gate.compare import Finding
 from lockstep.gate.job import Job
-from lockstep.gate.run import Run, summary
+from lockstep.gate.run_result import Run, summary
 
 # Run-level figures compared, and which way is worse.
 FIGURES = {

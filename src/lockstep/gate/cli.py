@@ -10,9 +10,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from lockstep.errors import EXIT_FAIL, EXIT_OK, EXIT_USAGE
+
 DEFAULT_DIR = "gates"
-# Fingerprint sections that differ between any two runs (free disk, limits): never reported.
-VOLATILE_SECTIONS = ("resources",)
 
 
 def register(subparsers) -> None:
@@ -72,7 +72,7 @@ def register(subparsers) -> None:
 
 def _usage(parser) -> int:
     parser.print_help()
-    return 2
+    return EXIT_USAGE
 
 
 def _job_args(p, named: bool = True) -> None:
@@ -122,8 +122,7 @@ def _job(args):
         run_path=args.run_path,
     )
     what = f"lockstep gate {args.gate_command}"
-    if job._cfg is not None:  # before any run starts
-        extras.require_config(f"{what} {args.config}", job._cfg)
+    job.require_extras(what)  # before any run starts
     if getattr(args, "plot", None):
         extras.require(f"{what} --plot", {"matplotlib": "the plots"})
     return job
@@ -136,11 +135,11 @@ def _progress(line: str) -> None:
 
 
 def run_record(args: argparse.Namespace) -> int:
-    from lockstep.gate import runner
+    from lockstep.gate import workflows
 
-    g = runner.record(args.name, _job(args), args.repeats, args.dir, args.workdir, _progress)
+    g = workflows.record(args.name, _job(args), args.repeats, args.dir, args.workdir, _progress)
     _print_recorded(g)
-    return 0
+    return EXIT_OK
 
 
 def _print_recorded(g) -> None:
@@ -161,18 +160,18 @@ def _print_recorded(g) -> None:
 
 
 def run_refresh(args: argparse.Namespace) -> int:
-    from lockstep.gate import runner
+    from lockstep.gate import workflows
 
-    new, old, moves, unreadable = runner.refresh(
+    new, old, moves, unreadable = workflows.refresh(
         args.name, _job(args), args.repeats, args.dir, args.workdir, _progress
     )
     _print_recorded(new)
     if unreadable:
         print(f"  it replaced an unreadable golden ({unreadable})")
-        return 0
+        return EXIT_OK
     if old is None:
         print("  there was no golden for this environment before")
-        return 0
+        return EXIT_OK
     print(
         f"  against the golden it replaced (recorded {old.header.get('created')} at "
         f"{old.header.get('git_revision')}):"
@@ -190,18 +189,20 @@ def run_refresh(args: argparse.Namespace) -> int:
                 f"{m['max_rel_change']:.3g}, {m['steps_changed']} of {m['steps_compared']} "
                 f"steps changed{where}"
             )
-    return 0
+    return EXIT_OK
 
 
 def run_check(args: argparse.Namespace) -> int:
-    from lockstep.gate import runner
+    from lockstep.gate import workflows
 
     job = _job(args)
     try:
-        result = runner.check(args.name, job, args.dir, args.workdir, _progress)
-    except runner.NoGolden:
+        result = workflows.check(args.name, job, args.dir, args.workdir, _progress)
+    except workflows.NoGolden:
         if args.candidate is not None:
-            g = runner.record(args.name, job, args.repeats, args.candidate, args.workdir, _progress)
+            g = workflows.record(
+                args.name, job, args.repeats, args.candidate, args.workdir, _progress
+            )
             print(
                 f"lockstep gate: candidate golden written to {g.path}: review it and commit "
                 f"it as {args.dir / args.name / g.path.name}",
@@ -209,53 +210,23 @@ def run_check(args: argparse.Namespace) -> int:
             )
         raise
     refresh = f"lockstep gate refresh {args.name} {job.arguments()} --dir {args.dir}"
-    notes = []
-    if job.digest() != result.golden.header.get("config_digest"):
-        notes.append("the job's config or script differs from the one the golden was recorded with")
-    recorded_run_path = bool(result.golden.header.get("job", {}).get("run_path"))
-    if job.run_path != recorded_run_path:
-        how = {True: "with --run-path", False: "without --run-path"}
-        notes.append(
-            f"the golden was recorded {how[recorded_run_path]}, this run is {how[job.run_path]}: "
-            "peak RSS differs between forked ranks and new interpreters"
-        )
-    return _finish(args, result, f"gate {args.name} [{result.golden.env_key}]", refresh, notes)
+    title = f"gate {args.name} [{result.golden.env_key}]"
+    return _finish(args, result, title, f"gate.{args.name}", result.notes(refresh, job))
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from lockstep.gate import golden, runner
-    from lockstep.gate.run import Run, read_rows
+    from lockstep.gate import golden, workflows
+    from lockstep.gate.run_result import Run, read_rows
 
     g = golden.read(args.golden)
-    run = Run(read_rows(args.metrics))
-    result = runner.outcome(g, run, env=None)
-    return _finish(args, result, f"gate {g.name} [{g.env_key}] vs {args.metrics}", None)
+    result = workflows.outcome(g, Run(read_rows(args.metrics)), env=None)
+    title = f"gate {g.name} [{g.env_key}] vs {args.metrics}"
+    return _finish(args, result, title, f"gate.{g.name}", result.notes())
 
 
-def _finish(args, result, title: str, refresh: str | None, notes: list[str] = ()) -> int:
+def _finish(args, result, title: str, suite: str, notes: list[str]) -> int:
     from lockstep.gate import report
 
-    notes = list(notes)
-    if result.env_diff:
-        notes.append("environment differs from the golden's: " + "; ".join(result.env_diff))
-    if result.env is not None:
-        recorded = result.golden.header.get("fingerprint_digests", {})
-        moved = sorted(
-            s
-            for s, d in result.env.digests.items()
-            if s not in VOLATILE_SECTIONS and recorded.get(s) not in (None, d)
-        )
-        if moved:
-            notes.append(
-                "fingerprint sections that differ from the golden's (not numerics-keyed): "
-                + ", ".join(moved)
-            )
-        if result.env.machine != result.golden.header.get("machine"):
-            notes.append(
-                f"machine: golden {result.golden.header.get('machine')}, this {result.env.machine}"
-            )
-    if result.failed and refresh:
-        notes.append(f"if this change is intended, re-baseline with: {refresh}")
     report.show(title, result.findings, notes)
     images = []
     if getattr(args, "plot", None):
@@ -266,35 +237,14 @@ def _finish(args, result, title: str, refresh: str | None, notes: list[str] = ()
 
         images = [str(p) for p in plot_all(result.golden, result.run, result.findings, args.plot)]
         print(f"lockstep gate: {len(images)} plots in {args.plot}")
-    _write_reports(
-        args,
-        title,
-        result.findings,
-        notes,
-        images,
-        {
-            "golden": str(result.golden.path),
-            "env_key": result.golden.env_key,
-            "passed": not result.failed,
-            "findings": [f.to_dict() for f in result.findings],
-            "run": {
-                "steps": len(result.run.rows),
-                "wall_s": result.run.wall_s,
-                "peak_rss_bytes": result.run.peak_rss_bytes,
-                "gpu_mem_bytes": result.run.gpu_mem_bytes,
-                "log": result.run.log,
-            },
-            "notes": notes,
-            "plots": images,
-        },
-    )
-    return 1 if result.failed else 0
+    payload = result.to_dict(notes, images)
+    _write_reports(args, title, suite, result.findings, notes, images, payload)
+    return EXIT_FAIL if result.failed else EXIT_OK
 
 
-def _write_reports(args, title, findings, notes, images, payload) -> None:
+def _write_reports(args, title, suite, findings, notes, images, payload) -> None:
     from lockstep.gate import report
 
-    suite = title.split(" [")[0].replace(" ", ".")
     if args.json:
         report.to_json(args.json, payload)
     if args.junit:
@@ -314,29 +264,16 @@ def run_ab(args: argparse.Namespace) -> int:
     )
     title = f"gate ab: working tree vs {args.base} ({args.rounds} rounds)"
     report.show(title, findings)
-    _write_reports(
-        args,
-        title,
-        findings,
-        [],
-        [],
-        {
-            "base": args.base,
-            "rounds": args.rounds,
-            "threshold": args.threshold,
-            "alpha": args.alpha,
-            "passed": not any(f.failed for f in findings),
-            "comparisons": [c.to_dict() for c in comparisons],
-        },
-    )
-    return 1 if any(f.failed for f in findings) else 0
+    payload = ab.to_dict(args.base, args.rounds, args.threshold, args.alpha, comparisons, findings)
+    _write_reports(args, title, "gate.ab", findings, [], [], payload)
+    return EXIT_FAIL if any(f.failed for f in findings) else EXIT_OK
 
 
 def run_alerts(args: argparse.Namespace) -> int:
     import json
 
-    from lockstep.gate import alerts
-    from lockstep.gate.run import read_rows
+    from lockstep import alerts
+    from lockstep.gate.run_result import read_rows
 
     rules = alerts.load_rules(args.rules)
     fired, unevaluated = alerts.evaluate(rules, read_rows(args.metrics))
@@ -356,4 +293,4 @@ def run_alerts(args: argparse.Namespace) -> int:
             )
             + "\n"
         )
-    return 1 if fired else 0
+    return EXIT_FAIL if fired else EXIT_OK

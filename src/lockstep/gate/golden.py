@@ -23,7 +23,7 @@ import numpy as np
 
 from lockstep.errors import UsageError
 from lockstep.gate import policy
-from lockstep.gate.run import PERF_STEP_FIELDS, Run, summary
+from lockstep.gate.run_result import PERF_STEP_FIELDS, Run, summary
 from lockstep.redact import redact_mapping
 
 FORMAT = "lockstep.gate.golden/1"

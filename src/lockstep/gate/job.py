@@ -1,10 +1,12 @@
-"""The job a gate runs: the reference training (`lockstep train` CONFIG) or a user's script.
+"""The job a gate runs, defined and run: the reference training (`lockstep train` CONFIG, read
+through `lockstep.reference_job`) or a user's script.
 
-Both are started the way their users start them, through torchrun's launcher API (`-m lockstep
+Both are started the way their users start them, by `lockstep.launch.script` (`-m lockstep
 train` for the reference job; the script with the black-box protocol's LOCKSTEP_* variables),
-one launch per run in its own folder, its ranks watched by `monitor.TreeMonitor`. A run can take its code
-from another tree (the base of an A/B comparison): the script runs in that tree, the reference
-job imports lockstep from that tree's `src/`.
+one launch per run in its own folder; the gate adds its process monitor
+(`monitor.TreeMonitor`). A run can take its code from another tree (the base of an A/B
+comparison): the script runs in that tree, the reference job imports lockstep from that
+tree's `src/`.
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ from pathlib import Path
 
 from lockstep.errors import EXIT_FAIL, LockstepError, RankTimeout, UsageError
 from lockstep.gate.monitor import TreeMonitor
-from lockstep.gate.run import Run, read_rows
+from lockstep.gate.run_result import Run, read_rows
 from lockstep.launch import rank_environment
 from lockstep.launch.script import Exit, Script, launch
 from lockstep.redact import scrub_text
+from lockstep.reference_job import ReferenceJob
+from lockstep.reference_job import load as load_reference
 from lockstep.track import Protocol
 
 DEFAULT_SCRIPT_STEPS = 20
@@ -53,14 +57,10 @@ class Job:
         self._script = None
         if self.command is not None:
             self._script = Script(self.command, run_path=self.run_path, timeout=self.timeout)
-        self._cfg = None
+        self._reference: ReferenceJob | None = None
         if self.config is not None:
-            from lockstep.train.config import load_config
-
-            overrides = [*self.overrides, *([f"steps={self.steps}"] if self.steps else [])]
-            self._cfg = load_config(self.config, overrides)
-            self._cfg.check(self.nproc)
-            self.steps = self._cfg.steps
+            self._reference = load_reference(self.config, self.overrides, self.nproc, self.steps)
+            self.steps = self._reference.steps
         elif self.overrides:
             raise UsageError("--set applies to a CONFIG job; a script takes its settings itself")
         else:
@@ -70,20 +70,18 @@ class Job:
 
     def settings(self) -> dict:
         """The job's own key fields (`envkey.environment`)."""
-        if self._cfg is None:
+        if self._reference is None:
             return {"engine": "script", "world_size": self.nproc}
-        cfg = self._cfg
-        return {
-            "engine": cfg.engine.name,
-            "world_size": self.nproc,
-            "precision": cfg.precision,
-            "deterministic": cfg.deterministic,
-            "device": cfg.resolved_device(),
-        }
+        return self._reference.settings()
+
+    def require_extras(self, what: str) -> None:
+        """A CONFIG job's missing extras, in one line before any run (`lockstep.extras`)."""
+        if self._reference is not None:
+            self._reference.require_extras(f"{what} {self.config}")
 
     def describe(self) -> dict:
         how = {"run_path": True} if self.run_path else {}
-        if self._cfg is None:
+        if self._reference is None:
             return {
                 "kind": "script",
                 "command": scrub_text(self.command),
@@ -103,8 +101,8 @@ class Job:
     def digest(self) -> str:
         """sha256 of the resolved config, or of the command and the script file it names."""
         h = hashlib.sha256()
-        if self._cfg is not None:
-            h.update(self._cfg.model_dump_json().encode())
+        if self._reference is not None:
+            h.update(self._reference.resolved().encode())
         else:
             h.update(self.command.encode())
             for arg in shlex.split(self.command):
@@ -114,7 +112,7 @@ class Job:
 
     def arguments(self) -> str:
         """The job's part of a `lockstep gate` command line, for the commands we print."""
-        if self._cfg is None:
+        if self._reference is None:
             parts = ["--script", shlex.quote(scrub_text(self.command))]
         else:
             parts = [shlex.quote(str(self.config))]
@@ -153,7 +151,9 @@ class Job:
             protocol = Protocol(metrics, self.steps, workdir / "checkpoints", resume=False)
             done = self._script.launch(self.nproc, protocol, log, env=env, cwd=cwd, watch=watch)
         else:
-            done = launch(self._train_argv(workdir, cwd), self.nproc, log, env=env,
+            extra = (f"steps={self.steps}", "checkpoint.resume=never")
+            argv = self._reference.argv(workdir, cwd, extra)
+            done = launch(argv, self.nproc, log, env=env,
                           timeout=self.timeout, run_path=self.run_path, cwd=cwd,
                           watch=watch)  # fmt: skip
         code = done.code
@@ -186,15 +186,6 @@ class Job:
             log=str(log),
             notes=notes,
         )
-
-    def _train_argv(self, workdir: Path, cwd: Path | None) -> list[str]:
-        """The reference job's command line: `lockstep train CONFIG` into `workdir`."""
-        config = self.config
-        if cwd is not None and (cwd / self.config).is_file():
-            config = cwd / self.config  # that version's config, where it has one
-        overrides = [*self.overrides, f"steps={self.steps}", "checkpoint.resume=never"]
-        argv = ["-m", "lockstep", "train", str(Path(config).resolve()), "--out", str(workdir)]
-        return argv + [a for o in overrides for a in ("--set", o)]
 
     def _cause(self, done: Exit, steps: list[int]) -> str:
         """A failed run's cause (`launch.script.Exit.cause`)."""

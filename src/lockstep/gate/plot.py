@@ -9,7 +9,7 @@ import numpy as np
 
 from lockstep.gate.compare import Finding
 from lockstep.gate.golden import Golden
-from lockstep.gate.run import Run
+from lockstep.gate.run_result import Run
 
 
 def plot_all(golden: Golden, run: Run, findings: list[Finding], out_dir: Path) -> list[Path]:

@@ -104,8 +104,8 @@ class AlertsConfig(_Section):
     )
 
     def load(self):
-        """The rules this run evaluates (`lockstep.gate.alerts`); UsageError when malformed."""
-        from lockstep.gate import alerts
+        """The rules this run evaluates (`lockstep.alerts`); UsageError when malformed."""
+        from lockstep import alerts
 
         if not self.enabled:
             return []

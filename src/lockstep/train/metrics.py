@@ -21,7 +21,7 @@ JSONL schema (`metrics.jsonl`, one object per optimizer step; the field names ma
     loss_scale    float|null  fp16 dynamic loss scale, else null
     skipped       bool   fp16 overflow: the update was skipped
 
-Alerts (`[alerts]`, `lockstep.gate.alerts`) are lines of their own with `"event": "alert"`;
+Alerts (`[alerts]`, `lockstep.alerts`) are lines of their own with `"event": "alert"`;
 readers of step rows skip lines that have an `event`.
 
 A resumed run appends to the same file; after a restart from an earlier checkpoint (elastic),
@@ -144,7 +144,7 @@ class MetricsSink:
             self.progress.update(self.task, completed=m.step, loss=f"{m.loss:.4f}")
 
     def alert(self, alert) -> None:
-        """An alert (`lockstep.gate.alerts.Alert`): a line in metrics.jsonl, a line on stderr,
+        """An alert (`lockstep.alerts.Alert`): a line in metrics.jsonl, a line on stderr,
         and a wandb alert where the run is online."""
         import sys
 

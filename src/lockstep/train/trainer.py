@@ -22,9 +22,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from lockstep.alerts import Evaluator
 from lockstep.env import launcher
 from lockstep.errors import UsageError
-from lockstep.gate.alerts import Evaluator
 from lockstep.launch import rank_environment
 from lockstep.redact import redact_mapping
 from lockstep.train import checkpoint

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from lockstep import track
 from lockstep.errors import UsageError
+from lockstep.track import as_float
 
 # Per-step fields that are not training curves: timing and memory are gated as run-level
 # figures (`summary`), the rest are bookkeeping.
@@ -49,15 +50,6 @@ class Run:
                 if isinstance(value, int | float) or value in ("nan", "inf", "-inf"):
                     names[name] = None
         return sorted(names, key=lambda n: (n in PERF_STEP_FIELDS, n))
-
-
-def as_float(value) -> float:
-    if value is None:
-        return math.nan
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def rows_from_records(records: list[dict], source: str) -> list[dict]:

@@ -1,5 +1,6 @@
-"""Record, check and refresh goldens: run the job, find the golden for this environment,
-compare, and say what a re-baseline would accept.
+"""The gate's workflows: record, check and refresh goldens (run the job, find the golden for
+this environment, compare, say what a re-baseline would accept), and what a check's outcome
+notes and reports (`CheckOutcome.notes`, `CheckOutcome.to_dict`: the `--json` payload).
 
 No silent pass: when no golden exists for this environment the answer is exit 2 with this
 environment's key, the nearest recorded key, the fields that differ and the record command.
@@ -16,14 +17,16 @@ from pathlib import Path
 import numpy as np
 
 from lockstep import __version__
-from lockstep.errors import LockstepError, UsageError
+from lockstep.errors import EXIT_USAGE, LockstepError, UsageError
 from lockstep.gate import envkey, golden
 from lockstep.gate.compare import Finding, compare
 from lockstep.gate.golden import Golden
 from lockstep.gate.job import Job
-from lockstep.gate.run import Run
+from lockstep.gate.run_result import Run
 
-EXIT_NO_GOLDEN = 2
+EXIT_NO_GOLDEN = EXIT_USAGE  # no golden for this environment: record one first
+# Fingerprint sections that differ between any two runs (free disk, limits): never reported.
+VOLATILE_SECTIONS = ("resources",)
 
 
 class NoGolden(LockstepError):
@@ -139,6 +142,65 @@ class CheckOutcome:
     @property
     def failed(self) -> bool:
         return any(f.failed for f in self.findings)
+
+    def notes(self, refresh: str | None = None, job: Job | None = None) -> list[str]:
+        """What the report says beside the findings: how the job (`job`, when it ran here)
+        and the environment differ from the golden's, and with `refresh` (the command
+        line), how to re-baseline a failure that is intended."""
+        header = self.golden.header
+        notes = job_notes(job, header) if job is not None else []
+        if self.env_diff:
+            notes.append("environment differs from the golden's: " + "; ".join(self.env_diff))
+        if self.env is not None:
+            recorded = header.get("fingerprint_digests", {})
+            moved = sorted(
+                s
+                for s, d in self.env.digests.items()
+                if s not in VOLATILE_SECTIONS and recorded.get(s) not in (None, d)
+            )
+            if moved:
+                notes.append(
+                    "fingerprint sections that differ from the golden's (not numerics-keyed): "
+                    + ", ".join(moved)
+                )
+            if self.env.machine != header.get("machine"):
+                notes.append(f"machine: golden {header.get('machine')}, this {self.env.machine}")
+        if self.failed and refresh:
+            notes.append(f"if this change is intended, re-baseline with: {refresh}")
+        return notes
+
+    def to_dict(self, notes: list[str], plots: list[str]) -> dict:
+        """The `--json` report of `gate check` and `gate compare`."""
+        return {
+            "golden": str(self.golden.path),
+            "env_key": self.golden.env_key,
+            "passed": not self.failed,
+            "findings": [f.to_dict() for f in self.findings],
+            "run": {
+                "steps": len(self.run.rows),
+                "wall_s": self.run.wall_s,
+                "peak_rss_bytes": self.run.peak_rss_bytes,
+                "gpu_mem_bytes": self.run.gpu_mem_bytes,
+                "log": self.run.log,
+            },
+            "notes": notes,
+            "plots": plots,
+        }
+
+
+def job_notes(job: Job, header: dict) -> list[str]:
+    """How the job that ran differs from the one the golden was recorded with."""
+    notes = []
+    if job.digest() != header.get("config_digest"):
+        notes.append("the job's config or script differs from the one the golden was recorded with")
+    recorded_run_path = bool(header.get("job", {}).get("run_path"))
+    if job.run_path != recorded_run_path:
+        how = {True: "with --run-path", False: "without --run-path"}
+        notes.append(
+            f"the golden was recorded {how[recorded_run_path]}, this run is {how[job.run_path]}: "
+            "peak RSS differs between forked ranks and new interpreters"
+        )
+    return notes
 
 
 def check(

@@ -15,6 +15,10 @@ The same `Evaluator` runs offline (`lockstep gate alerts RULES METRICS.jsonl`) a
 its condition has held for its duration, and re-arms when the condition clears. Durations in
 seconds use the rows' `time` (unix seconds at the end of the step; the step's own time
 counts), else the sum of their `step_time_s`.
+
+Here, outside both packages, because `lockstep.gate` and `lockstep.train` use it and neither
+imports the other. A new kind of rule is a value of `WHEN` and its branch in `Rule.holds`;
+lockstep's default rules are `default-alerts.toml` beside this module.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from importlib import resources
 from pathlib import Path
 
 from lockstep.errors import UsageError
-from lockstep.gate.run import as_float
+from lockstep.track import as_float
 
 WHEN = ("above", "below", "nonfinite")
 ACTIONS = ("warn", "stop")
@@ -145,7 +149,7 @@ def parse_rules(data: dict, source: str) -> list[Rule]:
 
 
 def default_rules() -> list[Rule]:
-    text = resources.files("lockstep.gate").joinpath("default-alerts.toml").read_text()
+    text = resources.files("lockstep").joinpath("default-alerts.toml").read_text()
     return parse_rules(tomllib.loads(text), "lockstep's default alert rules")
 
 
