@@ -217,3 +217,22 @@ def run_ab(
                 shutil.rmtree(tmp, ignore_errors=True)
     comparisons = judge(base, head, threshold, alpha)
     return comparisons, findings(comparisons, threshold, alpha)
+
+
+def to_dict(
+    base: str,
+    rounds: int,
+    threshold: float,
+    alpha: float,
+    comparisons: list[Comparison],
+    findings: list[Finding],
+) -> dict:
+    """The `--json` report of `gate ab`."""
+    return {
+        "base": base,
+        "rounds": rounds,
+        "threshold": threshold,
+        "alpha": alpha,
+        "passed": not any(f.failed for f in findings),
+        "comparisons": [c.to_dict() for c in comparisons],
+    }
