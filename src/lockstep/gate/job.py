@@ -45,7 +45,7 @@ class Job:
     overrides: list[str] = field(default_factory=list)
     command: str | None = None
     timeout: float = 1800.0
-    run_path: bool = False  # ranks forked from a process that imported torch (local_ranks)
+    run_path: bool = False  # ranks forked from a process that imported torch (lockstep.launch)
 
     def __post_init__(self) -> None:
         if (self.config is None) == (self.command is None):
