@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -332,3 +333,121 @@ def test_train_under_half_set_mpirun_names_the_missing_variable(launched, capsys
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("lockstep: error: openmpi launch needs")
     assert "MASTER_ADDR" in err and "Traceback" not in err
+
+
+SLURM_RANK = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_ID": "7"}
+KUBEFLOW_V1 = {  # what training-operator v1's setPodEnv gives worker 0 of 1 master + 3 workers
+    "MASTER_ADDR": "job-master-0",
+    "MASTER_PORT": "23456",
+    "PET_MASTER_ADDR": "job-master-0",
+    "PET_MASTER_PORT": "23456",
+    "WORLD_SIZE": "8",
+    "RANK": "1",
+    "PET_NODE_RANK": "1",
+    "PET_NPROC_PER_NODE": "2",
+    "PET_NNODES": "4",
+    "PYTHONUNBUFFERED": "0",
+}
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({**SLURM_RANK, "SLURM_NTASKS": "8", "SLURM_STEP_NODELIST": "ls[0-3"}, "unclosed"),
+        ({**SLURM_RANK, "SLURM_NTASKS": "8", "SLURM_STEP_NODELIST": "ls[a-c]"}, "bad range"),
+        (
+            {
+                **SLURM_RANK,
+                "SLURM_NTASKS": "8",
+                "SLURM_STEP_NODELIST": "ls[0-3]",
+                "SLURM_STEP_TASKS_PER_NODE": "2(x3)",
+            },
+            "gives 3 node",
+        ),
+        (
+            {
+                **SLURM_RANK,
+                "SLURM_NTASKS": "6",
+                "SLURM_STEP_NODELIST": "ls[0-3]",
+                "SLURM_STEP_TASKS_PER_NODE": "2(x4)",
+            },
+            "SLURM_NTASKS=6 disagrees with the host list",
+        ),
+        (KUBEFLOW_V1, "without torchrun: RANK=1 is the pod's index"),
+    ],
+)
+def test_bad_cluster_input_is_named(env, named):
+    with pytest.raises(UsageError, match=re.escape(named)):
+        detect(env)
+
+
+def test_kubeflow_variables_that_agree_pass():
+    # one process per pod: RANK and WORLD_SIZE are right as they are
+    info = detect({**KUBEFLOW_V1, "WORLD_SIZE": "4", "PET_NPROC_PER_NODE": "1"})
+    assert (info.rank, info.world_size, info.master_addr) == (1, 4, "job-master-0")
+    # torchrun in the pod: its own variables win
+    env = {**KUBEFLOW_V1, "TORCHELASTIC_RUN_ID": "x", "RANK": "3", "LOCAL_RANK": "1"}
+    info = detect({**env, "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"})
+    assert (info.launcher, info.rank, info.node_rank) == ("torchelastic", 3, 1)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"SLURM_PROCID": "0"},
+        {**SLURM_RANK, "SLURM_NTASKS": "8", "SLURM_STEP_NODELIST": "ls[0-3"},
+        {
+            **SLURM_RANK,
+            "SLURM_NTASKS": "5",
+            "SLURM_STEP_NODELIST": "ls[0-3]",
+            "SLURM_STEP_TASKS_PER_NODE": "2(x4)",
+        },
+        KUBEFLOW_V1,
+    ],
+)
+def test_cli_bad_cluster_input_exits_2_with_one_line(env, monkeypatch, capsys):
+    for name in {*LAUNCHER_VARIABLES, "TORCHELASTIC_RUN_ID", *KUBEFLOW_V1}:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(["preflight"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("lockstep: error:"), err
+
+
+def test_kubeflow_trainer_variables_are_the_multinode_flags(monkeypatch):
+    from lockstep.env.cli import _multinode
+
+    for name in {*LAUNCHER_VARIABLES, "TORCHELASTIC_RUN_ID", *KUBEFLOW_V1}:
+        monkeypatch.delenv(name, raising=False)
+    trainer = {"PET_NNODES": "4", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "3",
+               "PET_MASTER_ADDR": "job-node-0-0.job", "PET_MASTER_PORT": "29400"}  # fmt: skip
+    for name, value in trainer.items():
+        monkeypatch.setenv(name, value)
+    args = SimpleNamespace(
+        nnodes=None, node_rank=None, nproc_per_node=None, rdzv_endpoint=None, nproc=None
+    )
+    assert _multinode(args)
+    assert (args.nnodes, args.node_rank, args.nproc_per_node) == (4, 3, 2)
+    assert args.rdzv_endpoint == "job-node-0-0.job:29400"
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--node-rank", "1"], "add --nnodes"),
+        (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "not below"),
+        (["--nnodes", "2", "--node-rank", "0"], "--rdzv-endpoint"),
+        (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h"], "HOST:PORT"),
+        (
+            ["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1", "--nproc", "2"],
+            "--nproc-per-node",
+        ),
+    ],
+)
+def test_multinode_flags_misused_exit_2(argv, named, monkeypatch, capsys):
+    for name in {*LAUNCHER_VARIABLES, "TORCHELASTIC_RUN_ID", *KUBEFLOW_V1}:
+        monkeypatch.delenv(name, raising=False)
+    assert main(["preflight", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and named in err, err

@@ -37,6 +37,22 @@ def register(subparsers) -> None:
         metavar="N",
         help="no launcher: start N local ranks through torchrun's launcher API (default 1)",
     )
+    multi = pre.add_argument_group(
+        "multi-node launch (torchrun's flags; every node first checks in with node 0 at the "
+        "endpoint's port + 1, so a node that cannot start is named within --timeout)"
+    )
+    multi.add_argument(
+        "--nnodes", type=_positive_int, metavar="N", help="nodes in the job (one call per node)"
+    )
+    multi.add_argument(
+        "--node-rank", type=_non_negative_int, metavar="K", help="this node's index, 0..N-1"
+    )
+    multi.add_argument(
+        "--nproc-per-node", type=_positive_int, metavar="n", help="ranks on each node (default 1)"
+    )
+    multi.add_argument(
+        "--rdzv-endpoint", metavar="HOST:PORT", help="node 0's address and rendezvous port"
+    )
     pre.add_argument(
         "--timeout",
         type=_positive_float,
@@ -67,6 +83,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return value
 
 
@@ -106,6 +129,10 @@ def preflight_command(args) -> int:
 
     _existing(args.lock, "lock file")
     _writable(args.json)
+    if _multinode(args):
+        from lockstep.env.nodes import run_node
+
+        return run_node(args)
     info = launcher.detect()
     if info is None:
         from lockstep.launch import run_local_cli
@@ -118,6 +145,53 @@ def preflight_command(args) -> int:
     from lockstep.env.preflight import run_rank
 
     return run_rank(info, args)
+
+
+_MULTI_FLAGS = ("nnodes", "node_rank", "nproc_per_node", "rdzv_endpoint")
+
+
+def _multinode(args) -> bool:
+    """Whether this is preflight's own multi-node launch: --nnodes given, or a Kubeflow
+    Trainer pod's PET_* variables without torchrun (then they are the flags' defaults)."""
+    import os
+
+    from lockstep.env import launcher
+    from lockstep.env.nodes import from_kubeflow
+
+    given = [f for f in _MULTI_FLAGS if getattr(args, f, None) is not None]
+    if args.nnodes is None:
+        pet = from_kubeflow()
+        if not pet or "RANK" in os.environ or "TORCHELASTIC_RUN_ID" in os.environ:
+            if given:
+                flags = ", ".join("--" + f.replace("_", "-") for f in given)
+                raise UsageError(f"{flags} belong to a multi-node launch: add --nnodes N")
+            return False
+        for name, value in pet.items():
+            if getattr(args, name) is None:
+                setattr(args, name, int(value) if name != "rdzv_endpoint" else value)
+    try:
+        info = launcher.detect()
+    except UsageError:
+        info = None  # e.g. a PyTorchJob's RANK/WORLD_SIZE: the flags say what this launch is
+    if info is not None and info.launcher != "manual":
+        raise UsageError(
+            f"--nnodes starts torchrun's agent itself; drop it when running under {info.launcher}"
+        )
+    if args.nproc is not None:
+        raise UsageError("--nproc is for one node; with --nnodes give --nproc-per-node")
+    missing = [f for f in ("node_rank", "rdzv_endpoint") if getattr(args, f) is None]
+    if missing:
+        raise UsageError(
+            f"--nnodes {args.nnodes} needs {' and '.join('--' + f.replace('_', '-') for f in missing)}"
+        )
+    if args.node_rank >= args.nnodes:
+        raise UsageError(f"--node-rank {args.node_rank} is not below --nnodes {args.nnodes}")
+    from lockstep.env.nodes import parse_endpoint
+
+    parse_endpoint(args.rdzv_endpoint)
+    if args.nproc_per_node is None:
+        args.nproc_per_node = 1
+    return True
 
 
 def _rank_argv(args) -> list[str]:

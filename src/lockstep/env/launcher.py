@@ -137,6 +137,10 @@ def detect(environ: Mapping[str, str] | None = None) -> RankInfo | None:
             f"{local_world_size} ({local_size_var or 'SLURM_TASKS_PER_NODE'})"
         )
     _check_generic_agrees(launcher, rank_var, rank, size_var, world_size, env)
+    if launcher == "slurm":
+        _check_slurm_layout(world_size, env)
+    if launcher == "manual":
+        _check_kubeflow(rank, world_size, env)
     master_addr, master_port = _rendezvous(launcher, env)
     return RankInfo(
         launcher=launcher,
@@ -219,6 +223,74 @@ def _check_generic_agrees(
             )
 
 
+def _check_slurm_layout(world_size: int, env: Mapping[str, str]) -> None:
+    """SLURM_NTASKS must be the sum of the step's tasks per node, one count per host of its
+    node list (a hand-exported or stale variable otherwise puts ranks on nodes that are not
+    there, and the others wait for them)."""
+    nodelist_var = next(
+        (v for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST") if v in env), None
+    )
+    per_node_var = next(
+        (v for v in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE") if v in env), None
+    )
+    if nodelist_var is None:
+        return
+    from lockstep.env.hostlist import HostlistError, expand
+
+    try:
+        hosts = expand(env[nodelist_var])
+    except HostlistError as err:
+        raise _usage(str(err)) from None
+    if per_node_var is None:
+        return
+    counts = expand_tasks_per_node(env[per_node_var])
+    if len(counts) != len(hosts):
+        raise _usage(
+            f"{per_node_var}={env[per_node_var]} gives {len(counts)} node(s) but "
+            f"{nodelist_var}={env[nodelist_var]} lists {len(hosts)}"
+        )
+    if sum(counts) != world_size:
+        raise _usage(
+            f"SLURM_NTASKS={world_size} disagrees with the host list: {nodelist_var}="
+            f"{env[nodelist_var]} with {per_node_var}={env[per_node_var]} is {sum(counts)} tasks"
+        )
+
+
+# Kubeflow's PyTorchJob (training-operator v1, pkg/controller.v1/pytorch/envvar.go setPodEnv)
+# sets in every pod MASTER_ADDR, MASTER_PORT, PET_MASTER_ADDR, PET_MASTER_PORT, WORLD_SIZE =
+# replicas x nprocPerNode, RANK = PET_NODE_RANK = the pod's index (master 0, worker i -> i+1),
+# PET_NPROC_PER_NODE and PET_NNODES (replicas; "min:max" under an elasticPolicy): the values
+# are torchrun's arguments (torchrun reads PET_<FLAG> as its flags' defaults), so RANK counts
+# pods while WORLD_SIZE counts processes. Kubeflow Trainer v2 (TrainJob, torch runtime) sets
+# only PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT.
+KUBEFLOW_VARIABLES = (
+    "PET_NNODES",
+    "PET_NPROC_PER_NODE",
+    "PET_NODE_RANK",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+)
+
+
+def _check_kubeflow(rank: int, world_size: int, env: Mapping[str, str]) -> None:
+    """A PyTorchJob pod started without torchrun: RANK is the pod's index, WORLD_SIZE the
+    number of processes; a process taking them as its own rank and world waits forever."""
+    nproc = env.get("PET_NPROC_PER_NODE", "")
+    nnodes = env.get("PET_NNODES", "")
+    if not nproc.isdigit() or int(nproc) <= 1:
+        return
+    if nnodes.isdigit() and world_size != int(nnodes) * int(nproc):
+        return
+    raise _usage(
+        f"Kubeflow PyTorchJob variables without torchrun: RANK={rank} is the pod's index "
+        f"(PET_NODE_RANK={env.get('PET_NODE_RANK', '?')}) but WORLD_SIZE={world_size} counts "
+        f"processes (PET_NNODES={nnodes or '?'} x PET_NPROC_PER_NODE={nproc}); start the "
+        "command with torchrun, or run lockstep preflight --nnodes $PET_NNODES --node-rank "
+        "$PET_NODE_RANK --nproc-per-node $PET_NPROC_PER_NODE --rdzv-endpoint "
+        "$PET_MASTER_ADDR:$PET_MASTER_PORT"
+    )
+
+
 def _rendezvous(launcher: str, env: Mapping[str, str]) -> tuple[str, int]:
     addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
     if launcher == "slurm":
@@ -241,11 +313,12 @@ def _rendezvous(launcher: str, env: Mapping[str, str]) -> tuple[str, int]:
 
 def first_host(nodelist: str) -> str:
     """The first host of a Slurm host list: `gpu[03-05,09],cpu1` -> `gpu03`."""
-    match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
-    if not match:
-        raise _usage(f"cannot read the Slurm node list {nodelist!r}; export MASTER_ADDR")
-    prefix, ranges = match.groups()
-    return prefix + ranges.split(",")[0].split("-")[0] if ranges else prefix
+    from lockstep.env.hostlist import HostlistError, expand
+
+    try:
+        return expand(nodelist)[0]
+    except HostlistError as err:
+        raise _usage(f"{err}; export MASTER_ADDR") from None
 
 
 def expand_tasks_per_node(spec: str) -> list[int]:

@@ -131,6 +131,83 @@ def run_local_cli(nproc: int, argv: list[str]) -> int:
     return EXIT_OK
 
 
+def multinode_config(
+    nnodes: int,
+    nproc_per_node: int,
+    endpoint: str,
+    run_id: str,
+    *,
+    is_host: bool,
+    join_timeout: float,
+    **overrides,
+):
+    """A LaunchConfig for one node of `nnodes`, as `torchrun --nnodes N --nproc-per-node n
+    --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id RUN_ID` builds it. `is_host`: this
+    node serves the rendezvous store (torchrun guesses it by resolving its own hostname; node 0
+    of a check-in knows it). `join_timeout` replaces torchrun's 600 s."""
+    fields = {
+        "min_nodes": nnodes,
+        "max_nodes": nnodes,
+        "nproc_per_node": nproc_per_node,
+        "run_id": run_id,
+        "rdzv_backend": "c10d",
+        "rdzv_endpoint": endpoint,
+        "rdzv_configs": {"join_timeout": int(join_timeout) + 1, "is_host": is_host},
+        "max_restarts": 0,
+        "monitor_interval": 0.1,
+    }
+    fields.update(overrides)
+    return standalone_config(nproc_per_node, "preflight", **fields)
+
+
+def run_multinode_cli(
+    *,
+    nnodes: int,
+    nproc_per_node: int,
+    endpoint: str,
+    run_id: str,
+    node_rank: int,
+    join_timeout: float,
+    argv: list[str],
+) -> int:
+    """`run_local_cli` for one node of a multi-node job: `python -m lockstep *argv` on this
+    node's ranks after torchrun's c10d rendezvous at `endpoint`; the exit code the ranks agree
+    on, EXIT_TIMEOUT when the rendezvous failed or a rank was killed."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.launcher.api import elastic_launch
+
+    from lockstep.errors import EXIT_FAIL, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, RankTimeout
+
+    agent = logging.getLogger("torch.distributed.elastic")
+    level = agent.level
+    agent.setLevel(logging.CRITICAL)
+    program, args = dying_with_parent(sys.executable, ["-m", "lockstep", *argv])
+    try:
+        with launch_scope() as logs:
+            config = multinode_config(
+                nnodes,
+                nproc_per_node,
+                endpoint,
+                run_id,
+                is_host=node_rank == 0,
+                join_timeout=join_timeout,
+                logs_specs=logs,
+            )
+            elastic_launch(config, program)(*args)
+    except ChildFailedError as err:
+        codes = {f.exitcode for f in err.failures.values()}
+        return max(codes) if codes <= {EXIT_FAIL, EXIT_USAGE, EXIT_TIMEOUT} else EXIT_TIMEOUT
+    except RendezvousError as err:
+        raise RankTimeout(
+            f"node {node_rank}: torchrun's rendezvous at {endpoint} failed after a clean "
+            f"check-in: {str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__}"
+        ) from None
+    finally:
+        agent.setLevel(level)
+    return EXIT_OK
+
+
 def _program(argv: list[str]) -> tuple[str, list[str]]:
     """torchrun's entrypoint for `argv`: a `.py` script or `-m module` under this interpreter
     (unbuffered, as torchrun runs it), anything else as a program of its own."""
