@@ -75,6 +75,22 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend="none")
+def cluster(session: nox.Session) -> None:
+    """The cluster tier: a bed of namespace nodes (lockstep.cluster) with real torchrun, Slurm
+    and Open MPI on it. Installs Slurm, munge and Open MPI from Debian first where missing
+    (ci/install-cluster.sh; root). With LOCKSTEP_REQUIRE_CLUSTER=1 (`.ci/run` sets it) a bed
+    that cannot be built is an error, not a skip. Arguments pass through to pytest."""
+    if os.geteuid() == 0:
+        session.run("bash", str(ROOT / "ci" / "install-cluster.sh"), external=True)
+    else:
+        session.log("not root: ci/install-cluster.sh skipped; the bed needs root")
+    bin_dir = locked_venv(session, "cpu")
+    session.run(
+        bin_dir / "pytest", "-m", "cluster", "tests/cluster", *session.posargs, external=True
+    )
+
+
+@nox.session(venv_backend="none")
 def preflight(session: nox.Session) -> None:
     """The main job on its embedded default: preflight two local ranks (gloo, or nccl on GPUs).
 
