@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lockstep.env.collectives import COLLECTIVES
-from lockstep.env.verdict import build_report, merge_checks, ranges
+from lockstep.env.verdict import blocking, build_report, merge_checks, ranges
 from lockstep.errors import EXIT_FAIL, EXIT_OK
 
 SIZES = (256 << 10, 4 << 20)
@@ -142,7 +142,7 @@ def test_failed_collective_and_worst_local_check_per_rank():
     report = verdict(ids, [measured(), measured(), measured(broken=("broadcast",))])
     assert report["collectives"]["broadcast"] == {"ok": False, "failed_ranks": [2]}
     assert report["problems"] == ["broadcast returned wrong values on rank 2"]
-    assert report["warnings"] == ["shm on rank 1-2: /dev/shm is 64 MiB (< 1 GiB)"]
+    assert report["warnings"] == ["shm on node0 rank 1-2: /dev/shm is 64 MiB (< 1 GiB)"]
     (row,) = merge_checks(ids)
     assert row["status"] == "warn" and row["ranks"] == [1, 2]
 
@@ -163,3 +163,30 @@ def test_one_rank_has_no_bandwidth_and_nothing_to_compare():
 
 def test_rank_ranges_stay_short():
     assert ranges([5, 0, 2, 1]) == "0-2,5" and ranges([3]) == "3"
+
+
+def test_a_blocking_local_check_names_hosts_and_ranks_and_stops_at_check_in():
+    """A node's hostname that does not resolve, or a GLOO_SOCKET_IFNAME absent there, breaks
+    the process group on that node: the check-in stops every rank, naming the node."""
+    bad_host = {
+        "name": "hostname",
+        "status": "fail",
+        "detail": "own hostname 'ls2' does not resolve",
+    }
+    bad_if = {
+        "name": "gloo_socket_ifname",
+        "status": "fail",
+        "detail": "GLOO_SOCKET_IFNAME names eth0, absent here",
+    }
+    ok = [{"name": "hostname", "status": "ok", "detail": "resolves"}]
+    idents = [identity(r, f"ls{r // 2}", checks=ok) for r in range(8)]
+    for r in (4, 5):
+        idents[r]["checks"] = [bad_host]
+    for r in (6, 7):
+        idents[r]["checks"] = [*ok, bad_if]
+    got = blocking(idents, "slurm", "gloo")
+    assert got["exit_code"] == 1 and got["failed_hosts"] == ["ls2", "ls3"]
+    assert "hostname on ls2 rank 4-5: own hostname 'ls2' does not resolve" in got["line"]
+    assert "gloo_socket_ifname on ls3 rank 6-7: GLOO_SOCKET_IFNAME names eth0" in got["line"]
+    assert blocking(idents, "slurm", "nccl")["failed_hosts"] == ["ls2"]
+    assert blocking([identity(r, checks=ok) for r in range(2)], "slurm", "gloo") is None

@@ -189,6 +189,8 @@ class Cluster:
         self.python = str(python or sys.executable)
         self.env = dict(env or {})
         self.node_env: dict[str, dict[str, str]] = {n: {} for n in self.names}
+        self._ifnames: dict[str, str] = {}  # node -> its renamed interface (default eth0)
+        self._overlays: dict[str, list[str]] = {n: [] for n in self.names}  # mount points
         self.net = f"10.{random.randint(16, 250)}.{random.randint(0, 255)}"
         self.start_timeout = start_timeout
         self._given_shared = shared
@@ -340,7 +342,8 @@ class Cluster:
 
     def interface(self, k: int | str) -> str:
         """The node's interface on the bridge (the head's is the bridge itself)."""
-        return BRIDGE if self.name(k) == self.head else INTERFACE
+        name = self.name(k)
+        return BRIDGE if name == self.head else self._ifnames.get(name, INTERFACE)
 
     def pid(self, k: int | str) -> int:
         """Host pid of node k's init (for `nsenter -t`)."""
@@ -561,6 +564,50 @@ class Cluster:
         self.ip(k, "link", "set", old, "name", new)
         self.ip(k, "link", "set", new, "up")
         self.ip(k, "route", "replace", self.subnet, "dev", new)
+        self._ifnames[self.name(k)] = new
+
+    def overlay_package(self, k: int | str, name: str, version: str) -> str:
+        """Make node k see distribution `name` at `version` (a node whose venv drifted): a
+        copy of its `.dist-info` with that Version, bind-mounted over the original in node
+        k's mount namespace only; `importlib.metadata` (and lockstep's fingerprint) there
+        reads the new version, every other node the real one. Returns the dist-info path;
+        `remove_overlays(k)` undoes it."""
+        node = self.name(k)
+        where = subprocess.run(
+            [
+                self.python,
+                "-c",
+                "import importlib.metadata as m, sys; print(m.distribution(sys.argv[1])._path)",
+                name,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if where.returncode:
+            raise BedError(f"{node}: no distribution {name!r} in {self.python}")
+        original = Path(where.stdout.strip())
+        copy = self.state_path("nodes", node, "overlay", original.name)
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(original, copy)
+        for meta in ("METADATA", "PKG-INFO"):
+            path = copy / meta
+            if path.exists():
+                head, sep, body = path.read_text().partition("\n\n")
+                lines = [
+                    f"Version: {version}" if ln.startswith("Version: ") else ln
+                    for ln in head.splitlines()
+                ]
+                path.write_text("\n".join(lines) + sep + body)
+        inside = f"{STATE}/nodes/{node}/overlay/{original.name}"
+        self.run(k, ["mount", "--bind", inside, str(original)], check=True, timeout=10)
+        self._overlays[node].append(str(original))
+        return str(original)
+
+    def remove_overlays(self, k: int | str) -> None:
+        node = self.name(k)
+        while self._overlays[node]:
+            self.run(k, ["umount", self._overlays[node].pop()], check=True, timeout=10)
 
     def link(self, k: int | str, up: bool) -> None:
         """Take node k's link to the bridge down or up (its veth on the head's side)."""
@@ -574,6 +621,24 @@ class Cluster:
                 *("qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate),
                 *("burst", burst, "latency", "50ms"),
             )
+
+    def clear_rate_limit(self, k: int | str) -> None:
+        """Undo `rate_limit(k)`."""
+        for where, dev in ((k, self.interface(k)), (HEAD, f"v{self.name(k)}")):
+            self.run(where, ["tc", "qdisc", "del", "dev", dev, "root"], timeout=10)
+
+    def tcp_peers(self, k: int | str) -> list[tuple[int, str, int]]:
+        """Node k's established TCP connections as (local port, peer address, peer port),
+        from /proc/net/tcp in its network namespace."""
+        out = []
+        for line in self.run(k, ["cat", "/proc/net/tcp"], timeout=10).stdout.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) < 4 or fields[3] != "01":  # 01: ESTABLISHED
+                continue
+            local, peer = fields[1], fields[2]
+            addr = ".".join(str(int(peer[i : i + 2], 16)) for i in (6, 4, 2, 0))
+            out.append((int(local.split(":")[1], 16), addr, int(peer.split(":")[1], 16)))
+        return out
 
 
 class NodeProcess(subprocess.Popen):

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lockstep.env import collectives, compare, fingerprint, localchecks, report, verdict
+from lockstep.env import collectives, compare, fingerprint, links, localchecks, report, verdict
 from lockstep.env.launcher import RankInfo
 from lockstep.errors import CheckFailed, RankTimeout, UsageError
 from lockstep.redact import scrub_text
@@ -71,7 +71,9 @@ def run_rank(info: RankInfo, args) -> int:
     store = _connect(info, timeout)
     job = _Job(info=info, store=store, device=device, timeout_s=args.timeout)
     try:
-        os.environ["LOCKSTEP_REDACT_SALT"] = _check_in(store, info, identity, args.timeout)
+        os.environ["LOCKSTEP_REDACT_SALT"] = _check_in(
+            store, info, identity, args.timeout, job.backend, args.json
+        )
         fingerprint.resalt(fp)  # one salt for the job: equal secrets hash equal on every rank
         dist.init_process_group(
             job.backend,
@@ -82,10 +84,17 @@ def run_rank(info: RankInfo, args) -> int:
         )
         ignored = compare.Ignored(args.allow)
         gathered = _exchange(job, fp, ignored)
+        link_stage = _links(job, args)
         if info.rank != 0:
             return _await_verdict(store, job.timeout_s)
-        return _decide(job, gathered, ignored, args, started)
+        return _decide(job, gathered, ignored, args, started, link_stage)
     except RuntimeError as err:  # torch.distributed's errors, timeouts included
+        silent = _silent_ranks(store, info, args.timeout)
+        if silent:
+            raise RankTimeout(
+                f"{silent} stopped answering during the preflight (link down, node lost or "
+                f"process killed): {_first_line(err)}"
+            ) from None
         raise RankTimeout(
             f"a peer failed or stalled during the preflight: {_first_line(err)}"
         ) from None
@@ -115,10 +124,41 @@ def _exchange(job: _Job, fp: dict, ignored: compare.Ignored) -> _Gathered:
     return _Gathered(digests=digests, groups=groups, rows=rows, sizes=sizes)
 
 
-def _decide(job: _Job, gathered: _Gathered, ignored: compare.Ignored, args, started: float) -> int:
+def _links(job: _Job, args):
+    """The link stage (issue 23), on by default when the job spans nodes: every rank measures
+    its pairs (`links.run_stage`); rank 0 gets (layout, stage start) to judge later, or None."""
+    wanted = getattr(args, "links", None)
+    if wanted is False or job.info.world_size < 2:
+        return None
+    lay = links.layout(dist, torch, job.device, job.info.local_rank)
+    if wanted is None and len(lay.hosts) < 2:
+        return None
+    started = time.monotonic()
+    lay = links.run_stage(
+        dist, torch, job.device, job.store, rank=job.info.rank, lay=lay, timeout_s=job.timeout_s
+    )
+    return lay, started
+
+
+def _decide(
+    job: _Job, gathered: _Gathered, ignored: compare.Ignored, args, started: float, link_stage=None
+) -> int:
     """Rank 0: read identities and fingerprints from the store, judge, post and print."""
     n, store = job.info.world_size, job.store
     identities = [json.loads(store.get(f"checkin/{r}")) for r in range(n)]
+    link_section = None
+    if link_stage is not None:
+        link_section = links.collect(
+            store,
+            link_stage[0],
+            world=n,
+            identities=identities,
+            timeout_s=job.timeout_s,
+            started=link_stage[1],
+            min_link_gbps=getattr(args, "min_link_gbps", None),
+            judge_intra=job.device.type == "cuda",
+            nbytes=links.stage_bytes(job.device),
+        )
     fingerprints = {g[0]: json.loads(store.get(f"fp/{g[0]}")) for g in gathered.groups}
     result = verdict.build_report(
         launcher=job.info.launcher,
@@ -133,11 +173,15 @@ def _decide(job: _Job, gathered: _Gathered, ignored: compare.Ignored, args, star
         sizes=gathered.sizes,
         min_busbw=args.min_busbw,
         lock_required=args.lock is not None,
+        links=link_section,
     )
     result["elapsed_s"] = round(time.perf_counter() - started, 3)  # rank 0, after import torch
     store.set("verdict", str(result["exit_code"]))
     report.emit(result, json_path=Path(args.json) if args.json else None)
-    _linger(store, "verdict/read", n - 1, job.timeout_s)
+    if link_section is not None:
+        links.write_outputs(link_section, args)
+    silent = len(link_section["silent_ranks"]) if link_section else 0
+    _linger(store, "verdict/read", n - 1 - silent, job.timeout_s)
     return result["exit_code"]
 
 
@@ -244,8 +288,18 @@ def _run_id() -> str:
     return f"{env.get('SLURM_JOB_ID', '')}.{env.get('SLURM_STEP_ID', '')}"
 
 
-def _check_in(store, info: RankInfo, identity: dict, timeout_s: float) -> str:
-    """Every rank posts its identity; rank 0 waits `timeout_s` for all, then answers all."""
+def _check_in(
+    store,
+    info: RankInfo,
+    identity: dict,
+    timeout_s: float,
+    backend: str = "gloo",
+    json_path: str | None = None,
+) -> str:
+    """Every rank posts its identity; rank 0 waits `timeout_s` for all, then answers all.
+    A local check that would break the process group on some node (its hostname does not
+    resolve, GLOO/NCCL_SOCKET_IFNAME names an absent interface) ends every rank here with the
+    nodes and ranks named (`verdict.blocking`), before any collective could hang on it."""
     store.set(f"checkin/{info.rank}", json.dumps(identity))
     store.add("checkin/count", 1)
     if info.rank == 0:
@@ -253,9 +307,16 @@ def _check_in(store, info: RankInfo, identity: dict, timeout_s: float) -> str:
         while store.add("checkin/count", 0) < info.world_size and time.monotonic() < deadline:
             time.sleep(_POLL_S)
         missing = [r for r in range(info.world_size) if not store.check([f"checkin/{r}"])]
-        answer = {"missing": missing, "salt": secrets.token_hex(8)}
+        answer = {"missing": missing, "salt": secrets.token_hex(8), "blocked": None}
+        if not missing:
+            identities = [json.loads(store.get(f"checkin/{r}")) for r in range(info.world_size)]
+            blocked = verdict.blocking(identities, info.launcher, backend)
+            if blocked:
+                answer["blocked"] = blocked["line"]
+                if json_path:
+                    Path(json_path).write_text(json.dumps(blocked, indent=2, sort_keys=True) + "\n")
         store.set("checkin/done", json.dumps(answer))
-        if missing:  # about to exit: let the ranks that did arrive read why
+        if missing or answer["blocked"]:  # about to exit: let the ranks that did arrive read why
             _linger(store, "checkin/read", info.world_size - len(missing) - 1, timeout_s)
     else:
         try:
@@ -266,6 +327,8 @@ def _check_in(store, info: RankInfo, identity: dict, timeout_s: float) -> str:
             ) from None
         answer = json.loads(store.get("checkin/done"))
         store.add("checkin/read", 1)
+    if answer.get("blocked"):
+        raise CheckFailed(answer["blocked"])
     if answer["missing"]:
         raise RankTimeout(
             f"rank{'s' if len(answer['missing']) > 1 else ''} "
@@ -273,6 +336,33 @@ def _check_in(store, info: RankInfo, identity: dict, timeout_s: float) -> str:
             f"{timeout_s:g}s (not started, crashed, or launched with another MASTER_ADDR/PORT)"
         )
     return answer["salt"]
+
+
+def _silent_ranks(store, info: RankInfo, timeout_s: float) -> str | None:
+    """After a collective failed: every rank that can still reach the store says so, and
+    waits up to `timeout_s` for the others (each gave up on its own collective's timeout);
+    the ranks that never say so, with their hosts and addresses from the check-in, are the
+    ones cut off: `ranks 4-5 on ls2 (10.0.0.3)`. None where the store is gone too."""
+    try:
+        store.set(f"abort/{info.rank}", "1")
+        store.add("abort/count", 1)
+        deadline = time.monotonic() + timeout_s
+        while store.add("abort/count", 0) < info.world_size and time.monotonic() < deadline:
+            time.sleep(_POLL_S * 4)
+        silent = [r for r in range(info.world_size) if not store.check([f"abort/{r}"])]
+        if not silent:
+            return None
+        hosts: dict[str, list[int]] = {}
+        for r in silent:
+            ident = json.loads(store.get(f"checkin/{r}"))
+            where = ident["host"] + (f" ({ident['address']})" if ident.get("address") else "")
+            hosts.setdefault(where, []).append(r)
+    except (RuntimeError, ValueError):
+        return None
+    return "; ".join(
+        f"rank{'s' if len(rs) > 1 else ''} {verdict.ranges(rs)} on {where}"
+        for where, rs in hosts.items()
+    )
 
 
 def _await_verdict(store, timeout_s: float) -> int:

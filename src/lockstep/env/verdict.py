@@ -13,7 +13,7 @@ A rank's measurements are a dict:
 from __future__ import annotations
 
 from lockstep.env.collectives import COLLECTIVES, busbw_gbps
-from lockstep.errors import EXIT_FAIL, EXIT_OK
+from lockstep.errors import EXIT_FAIL, EXIT_OK, EXIT_TIMEOUT
 
 REPORT_SCHEMA = 1
 _FIELDS_SHOWN = 5
@@ -31,15 +31,17 @@ def build_report(
     sizes: tuple[int, ...] | list[int],
     min_busbw: float | None = None,
     lock_required: bool = False,
+    links: dict | None = None,
 ) -> dict:
-    """Rank 0's verdict; `identities` and `measurements` are indexed by rank."""
+    """Rank 0's verdict; `identities` and `measurements` are indexed by rank; `links`: the link
+    stage's section (`link_verdict.assess`), or None when it did not run."""
     n = len(identities)
     problems: list[str] = []
     warnings: list[str] = []
 
     checks = merge_checks(identities)
     for check in checks:
-        line = f"{check['name']} on rank {ranges(check['ranks'])}: {check['detail']}"
+        line = check_line(check, identities)
         if check["status"] == "fail":
             problems.append(line)
         elif check["status"] == "warn":
@@ -82,7 +84,7 @@ def build_report(
         if ident.get("address"):  # reports from before 'address' have none
             where = addresses.setdefault((ident["node"], ident["host"]), [])
             where += [ident["address"]] if ident["address"] not in where else []
-    return {
+    result = {
         "schema": REPORT_SCHEMA,
         "ok": not problems,
         "exit_code": EXIT_FAIL if problems else EXIT_OK,
@@ -96,6 +98,7 @@ def build_report(
             for (node, host), ranks in sorted(nodes.items(), key=lambda kv: kv[1][0])
         ],
         "problems": problems,
+        "failed_hosts": failed_hosts(identities, checks, comparison, coll, mm),
         "warnings": warnings,
         "checks": checks,
         "comparison": comparison,
@@ -104,6 +107,110 @@ def build_report(
         "matmul": mm,
         "fingerprints": {str(rank): fp for rank, fp in fingerprints.items()},
     }
+    return with_findings(result, links)
+
+
+# Local checks whose failure breaks the process group itself on that node: gloo and NCCL pick
+# their address from the hostname or the named interfaces, so the other ranks would only see
+# a timeout. A failure of one of these stops the preflight at the check-in.
+BLOCKING = {
+    "gloo": ("hostname", "gloo_socket_ifname"),
+    "nccl": ("hostname", "nccl_socket_ifname"),
+}
+
+
+def blocking(identities: list[dict], launcher: str, backend: str) -> dict | None:
+    """The report of a preflight that stops at the check-in, or None: one problem per failed
+    blocking check, naming its hosts and ranks (`check_line`)."""
+    names = BLOCKING.get(backend, ())
+    failed = [c for c in merge_checks(identities) if c["status"] == "fail" and c["name"] in names]
+    if not failed:
+        return None
+    problems = [check_line(c, identities) for c in failed]
+    hosts = sorted({identities[r]["host"] for c in failed for r in c["ranks"]})
+    return {
+        "schema": REPORT_SCHEMA,
+        "ok": False,
+        "exit_code": EXIT_FAIL,
+        "launcher": launcher,
+        "backend": backend,
+        "world_size": len(identities),
+        "stage": "check-in",
+        "problems": problems,
+        "failed_hosts": hosts,
+        "checks": merge_checks(identities),
+        "nodes": _nodes(identities),
+        "line": "preflight stopped at the check-in: " + " | ".join(problems),
+    }
+
+
+def failed_hosts(identities, checks, comparison, collectives, matmul_result) -> list[str]:
+    """Hostnames of the ranks a problem names (failed checks, the minority of a fingerprint
+    comparison, wrong collectives, an odd matmul): what `sbatch --exclude` needs."""
+    ranks = {r for c in checks if c["status"] == "fail" for r in c["ranks"]}
+    ranks |= {i["rank"] for o in comparison["outliers"] for i in o["ranks"]}
+    ranks |= {r for c in collectives.values() for r in c["failed_ranks"]}
+    ranks |= set(matmul_result.get("odd_ranks") or [])
+    return sorted({i["host"] for i in identities if i["rank"] in ranks})
+
+
+def check_line(check: dict, identities: list[dict]) -> str:
+    """`gloo_socket_ifname on ls3 rank 6-7: GLOO_SOCKET_IFNAME names eth0, absent here`: the
+    hosts of the ranks at the check's worst status, then the first detail."""
+    by_rank = {i["rank"]: i for i in identities}
+    hosts = sorted({by_rank[r]["host"] for r in check["ranks"] if r in by_rank})
+    shown = ",".join(hosts[:_HOSTS_SHOWN])
+    if len(hosts) > _HOSTS_SHOWN:
+        shown += f" and {len(hosts) - _HOSTS_SHOWN} more hosts"
+    where = (
+        f"on {shown} rank {ranges(check['ranks'])}"
+        if shown
+        else f"on rank {ranges(check['ranks'])}"
+    )
+    return f"{check['name']} {where}: {check['detail']}"
+
+
+def _nodes(identities: list[dict]) -> list[dict]:
+    nodes: dict[tuple, list[int]] = {}
+    for ident in identities:
+        nodes.setdefault((ident["node"], ident["host"]), []).append(ident["rank"])
+    return [
+        {"node": node, "host": host, "ranks": ranks}
+        for (node, host), ranks in sorted(nodes.items(), key=lambda kv: kv[1][0])
+    ]
+
+
+def with_findings(result: dict, links: dict | None) -> dict:
+    """Add the link stage's section and problems, and `finding` (what ended the run, since exit
+    1 covers them all: dropped, link_error, check, drift, lock, collectives, busbw, matmul,
+    slow_node, slow_link; None on a pass) with `findings` (every kind, in that order)."""
+    kinds = []
+    if links is not None:
+        result["links"] = links
+        result["problems"] = result["problems"] + links["problems"]
+        kinds += [k for k in links["kinds"] if k in ("dropped", "link_error")]
+    if any(c["status"] == "fail" for c in result["checks"]):
+        kinds.append("check")
+    if result["comparison"]["outliers"] or result["comparison"]["duplicate_gpus"]:
+        kinds.append("drift")
+    if any(line.startswith("installed packages do not match") for line in result["problems"]):
+        kinds.append("lock")
+    if any(not c["ok"] for c in result["collectives"].values()):
+        kinds.append("collectives")
+    if result["bandwidth"].get("below_min"):
+        kinds.append("busbw")
+    if result["matmul"]["status"] == "fail":
+        kinds.append("matmul")
+    if links is not None:
+        kinds += [k for k in links["kinds"] if k in ("slow_node", "slow_link")]
+    result["finding"] = kinds[0] if kinds else None
+    result["findings"] = kinds
+    result["ok"] = not result["problems"]
+    if links is not None and links["exit_code"] == EXIT_TIMEOUT:
+        result["exit_code"] = EXIT_TIMEOUT
+    else:
+        result["exit_code"] = EXIT_FAIL if result["problems"] else EXIT_OK
+    return result
 
 
 def compared_line(comparison: dict, fingerprints: dict[int, dict]) -> str:
