@@ -640,6 +640,37 @@ class Cluster:
             out.append((int(local.split(":")[1], 16), addr, int(peer.split(":")[1], 16)))
         return out
 
+    def rate_limit_pair(
+        self,
+        a: int | str,
+        b: int | str,
+        rate: str,
+        *,
+        others: str = "10gbit",
+        burst: str = "64kb",
+    ) -> None:
+        """Slow the link between nodes a and b only: on each one's interface an `htb` root whose
+        default class carries its other traffic at `others` and a class at `rate` that a u32
+        filter on the peer's address feeds (replaces a `rate_limit` on those interfaces; the
+        head's side keeps its own)."""
+        for me, peer in ((a, b), (b, a)):
+            dev = self.interface(me)
+            shown = self.tc(me, "qdisc", "show", "dev", dev)
+            if "qdisc tbf" in shown or "qdisc htb" in shown:
+                self.tc(me, "qdisc", "del", "dev", dev, "root")
+            self.tc(me, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10")
+            for cls, speed in (("1:10", others), ("1:20", rate)):
+                self.tc(
+                    me,
+                    *("class", "add", "dev", dev, "parent", "1:", "classid", cls, "htb"),
+                    *("rate", speed, "ceil", speed, "burst", burst, "cburst", burst),
+                )
+            self.tc(
+                me,
+                *("filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1"),
+                *("u32", "match", "ip", "dst", f"{self.address(peer)}/32", "flowid", "1:20"),
+            )
+
 
 class NodeProcess(subprocess.Popen):
     """A process started on a node: `node` names it, `kill_tree()` kills it and everything it

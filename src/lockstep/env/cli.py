@@ -65,6 +65,25 @@ def register(subparsers) -> None:
     pre.add_argument(
         "--min-busbw", type=float, metavar="GBPS", help="fail below this all_reduce busbw"
     )
+    pre.add_argument(
+        "--links",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="measure point-to-point bandwidth between node pairs and name a slow node or link "
+        "(default: on when the job spans nodes)",
+    )
+    pre.add_argument(
+        "--min-link-gbps",
+        type=_positive_float,
+        metavar="GBPS",
+        help="also fail a link below this many Gb/s (the verdict needs no fixed figure)",
+    )
+    pre.add_argument(
+        "--exclude-out",
+        metavar="FILE",
+        help="write the nodes to leave out as a Slurm host list (sbatch --exclude=$(cat FILE))",
+    )
+    pre.add_argument("--plot", metavar="DIR", help="write DIR/links.png, the link heatmap")
     _add_allow(pre)
     pre.set_defaults(func=preflight_command)
 
@@ -129,6 +148,7 @@ def preflight_command(args) -> int:
 
     _existing(args.lock, "lock file")
     _writable(args.json)
+    _writable(args.exclude_out)
     if _multinode(args):
         from lockstep.env.nodes import run_node
 
@@ -201,9 +221,14 @@ def _rank_argv(args) -> list[str]:
         ("--lock", args.lock),
         ("--json", args.json),
         ("--min-busbw", args.min_busbw),
+        ("--min-link-gbps", args.min_link_gbps),
+        ("--exclude-out", args.exclude_out),
+        ("--plot", args.plot),
     ):
         if value is not None:
             argv += [flag, str(value)]
+    if args.links is not None:
+        argv.append("--links" if args.links else "--no-links")
     for field in args.allow:
         argv += ["--allow", field]
     return argv

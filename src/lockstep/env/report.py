@@ -107,6 +107,8 @@ def print_console(report: dict) -> None:
                 f"{row['busbw_gbps_fastest']:.3f}",
             )
         console.print(bw)
+    if report.get("links"):
+        console.print(links_table(report["links"]))
     for line in report["problems"]:
         console.print(f"[bold red]problem:[/] {cell(line)}")
     for line in report["warnings"]:
@@ -162,6 +164,77 @@ def markdown(report: dict) -> str:
             f"| {r['busbw_gbps_fastest']} |"
             for r in report["bandwidth"]["sizes"]
         ]
+    if report.get("links"):
+        lines += links_markdown(report["links"])
     lines += [""] + [f"- **problem**: {md_cell(p)}" for p in report["problems"]]
     lines += [f"- warning: {md_cell(w)}" for w in report["warnings"]]
     return "\n".join(lines)
+
+
+_LINK_ROWS = 40  # the terminal and the step summary list this many links, the slowest first
+
+
+def _link_rows(links: dict) -> list[tuple[str, ...]]:
+    """(host a, host b, local rank, Gb/s, latency us, status), the slowest links first."""
+    hosts = [n["host"] for n in links["nodes"]]
+    slow = {(tuple(sorted(s["nodes"])), s["rail"]) for s in links["slow_links"]}
+    slow_nodes = {(s["node"], s.get("rail")) for s in links["slow_nodes"]}
+    rows = []
+    for x in sorted(links["links"], key=lambda x: x["gbps"])[:_LINK_ROWS]:
+        pair = tuple(sorted((x["a"], x["b"])))
+        if (pair, x["rail"]) in slow:
+            status = "slow link"
+        elif (x["a"], x["rail"]) in slow_nodes or (x["b"], x["rail"]) in slow_nodes:
+            status = "slow node"
+        else:
+            status = "ok"
+        rows.append(
+            (
+                hosts[x["a"]],
+                hosts[x["b"]],
+                str(x["rail"]),
+                f"{x['gbps']:.3f}",
+                _show(x.get("latency_us")),
+                status,
+            )
+        )
+    return rows
+
+
+def _links_title(links: dict) -> str:
+    shown = min(len(links["links"]), _LINK_ROWS)
+    return (
+        f"links: {len(links['nodes'])} nodes, {links['rounds']} rounds, {links['schedule']} "
+        f"schedule, typical {links['typical_gbps']} Gb/s ({shown} of {len(links['links'])} "
+        "links, slowest first)"
+    )
+
+
+def links_table(links: dict):
+    from rich.table import Table
+
+    table = Table(title=_links_title(links))
+    for col in ("host a", "host b", "rail", "Gb/s", "latency us", "status"):
+        table.add_column(col)
+    style = {"ok": "green", "slow link": "bold red", "slow node": "bold red"}
+    for row in _link_rows(links):
+        table.add_row(*(cell(c) for c in row[:5]), f"[{style[row[5]]}]{row[5]}[/]")
+    if links["exclude"]:
+        table.caption = f"exclude: {links['exclude_hostlist']}"
+    return table
+
+
+def links_markdown(links: dict) -> list[str]:
+    lines = ["", f"**{md_cell(_links_title(links))}**", ""]
+    lines += [
+        "| host a | host b | rail | Gb/s | latency us | status |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += ["| " + " | ".join(md_cell(c) for c in row) + " |" for row in _link_rows(links)]
+    if links["exclude"]:
+        lines += [
+            "",
+            f"exclude: `{md_cell(links['exclude_hostlist'])}` "
+            f"(`sbatch --exclude={md_cell(links['exclude_hostlist'])}`)",
+        ]
+    return lines

@@ -1,0 +1,487 @@
+"""The link stage's schedule and verdict, from plain data: no torch, no process group.
+
+Schedule. Up to `FULL_MATRIX` nodes every pair is measured: a round-robin (the circle method),
+N-1 rounds of N/2 disjoint pairs (N rounds with a bye when N is odd). 32 is where that stops
+being cheap: 31 rounds of about 0.2 s each (two large transfers per direction and a latency
+ping-pong) is a few seconds, and the rounds grow linearly with N. Beyond it, a first pass of
+`ceil(log2 N) + 2` rounds (two ring pairings, i with i+1, then random perfect matchings), then a
+second pass of `SECOND_PASS` rounds that pairs each suspect (an end of a link that looked slow)
+with nodes whose links all looked fine: `ceil(log2 N) + 5` rounds in all, within the
+`2 log2(N) + 4` budget for N >= 2. A slow node is slow on every link, so it is a suspect after
+the first pass whoever its partners were, and the second pass gives it good partners only; its
+first-pass partners have one slow link among `log2 N + 2` and stay fine. A slow link between
+one pair is measured only if the pair is drawn: certain within the full matrix, a probability
+beyond it (about rounds/N per link; benchmarks/bench_links.py reports it).
+
+Verdict (robust statistics, no fixed Gb/s). The typical bandwidth is the median of the nodes'
+median links (a slow node moves its own median, not the others'); the spread is 1.4826 times
+the MAD of the links within MIN_DROP of it (a slow node's links do not inflate it). A
+link is slow below typical - max(K_MAD x spread, MIN_DROP x typical) (that drop capped at
+MAX_DROP x typical: a link at under 40% of typical is slow however noisy the rest), or below
+`--min-link-gbps`. Then, repeatedly, the node with the largest share of slow links among links
+to nodes not yet named, when that share is over half (and it has at least two such links), is a
+**slow node**; the slow links left, between nodes that are fine elsewhere, are **slow links**.
+The exclude list takes every slow node, for a slow link the end whose other links are slower
+(both when the difference is within the spread), and every node that never joined.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Iterable, Sequence
+
+FULL_MATRIX = 32
+SECOND_PASS = 3
+K_MAD = 4.0
+MIN_DROP = 0.25
+MAX_DROP = 0.6
+
+Pair = tuple[int, int]
+Round = list[Pair]
+
+
+# ---------------------------------------------------------------------- schedule
+
+
+def round_robin(n: int) -> list[Round]:
+    """Every pair once: N-1 rounds of N/2 disjoint pairs (N rounds, one idle node each, when
+    N is odd). The circle method: node 0 fixed, the others rotate."""
+    if n < 2:
+        return []
+    ids = list(range(n)) + ([-1] if n % 2 else [])
+    m = len(ids)
+    rounds = []
+    for _ in range(m - 1):
+        pairs = [(ids[i], ids[m - 1 - i]) for i in range(m // 2)]
+        rounds.append([(min(a, b), max(a, b)) for a, b in pairs if a >= 0 and b >= 0])
+        ids = [ids[0], ids[-1], *ids[1:-1]]
+    return rounds
+
+
+def first_pass_rounds(n: int) -> int:
+    return math.ceil(math.log2(n)) + 2 if n > 1 else 0
+
+
+def budget(n: int) -> int:
+    """Rounds the schedule may take beyond the full matrix: 2 log2(N) + 4."""
+    return int(2 * math.log2(n) + 4) if n > 1 else 0
+
+
+def first_pass(n: int, seed: int = 0, rounds: int | None = None) -> list[Round]:
+    """Beyond `FULL_MATRIX`: two ring pairings, then random perfect matchings (seeded: every
+    rank computes the same schedule)."""
+    count = first_pass_rounds(n) if rounds is None else rounds
+    rng = random.Random(seed)
+    out: list[Round] = []
+    for k in range(count):
+        if k < 2:  # ring: (0,1),(2,3),... then (1,2),(3,4),...,(n-1,0)
+            pairs = [(i, (i + 1) % n) for i in range(k, n - (1 if n % 2 else 0) + k - 1, 2)]
+            pairs = [p for p in pairs if p[0] != p[1]][: n // 2]
+        else:
+            order = list(range(n))
+            rng.shuffle(order)
+            pairs = [(order[i], order[i + 1]) for i in range(0, n - 1, 2)]
+        out.append(_disjoint([(min(a, b), max(a, b)) for a, b in pairs]))
+    return out
+
+
+def _disjoint(pairs: Iterable[Pair]) -> Round:
+    seen: set[int] = set()
+    out = []
+    for a, b in pairs:
+        if a in seen or b in seen or a == b:
+            continue
+        seen |= {a, b}
+        out.append((a, b))
+    return out
+
+
+def schedule(n: int, full_matrix: int = FULL_MATRIX, seed: int = 0) -> tuple[str, list[Round]]:
+    """('full', every round) up to `full_matrix` nodes, else ('sampled', the first pass; the
+    second comes from `second_pass` once the first one's results are in)."""
+    if n <= full_matrix:
+        return "full", round_robin(n)
+    return "sampled", first_pass(n, seed)
+
+
+def suspects(n: int, links: Sequence[dict], min_link_gbps: float | None = None) -> list[int]:
+    """Nodes with at least one slow link so far: both ends of each."""
+    stats = _stats(n, links, min_link_gbps)
+    out: set[int] = set()
+    for link, slow in zip(links, stats["slow"], strict=True):
+        if slow:
+            out |= {link["a"], link["b"]}
+    return sorted(out)
+
+
+def second_pass(
+    n: int, suspect: Sequence[int], dropped: Iterable[int] = (), seed: int = 1, rounds: int = 0
+) -> list[Round]:
+    """Each suspect paired with a different known-good node in each round (good: no slow link
+    in the first pass); the good nodes left over are paired at random among themselves, so
+    the rounds also sample more links."""
+    rounds = rounds or SECOND_PASS
+    rng = random.Random(seed)
+    gone = set(dropped)
+    bad = [s for s in suspect if s not in gone]
+    good = [k for k in range(n) if k not in set(bad) and k not in gone]
+    out: list[Round] = []
+    for _ in range(rounds):
+        rng.shuffle(good)
+        pairs = list(zip(bad, good, strict=False))
+        rest = good[len(pairs) :]
+        pairs += [(rest[i], rest[i + 1]) for i in range(0, len(rest) - 1, 2)]
+        out.append(_disjoint((min(a, b), max(a, b)) for a, b in pairs))
+    return out
+
+
+# ---------------------------------------------------------------------- verdict
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def _high_median(values: Sequence[float]) -> float:
+    """The upper of the two middle values for an even count: with two links, one slow, a node
+    is typical by its other link."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def _stats(n: int, links: Sequence[dict], min_link_gbps: float | None) -> dict:
+    per_node: list[list[float]] = [[] for _ in range(n)]
+    for link in links:
+        per_node[link["a"]].append(link["gbps"])
+        per_node[link["b"]].append(link["gbps"])
+    node_median = [_high_median(v) for v in per_node]
+    measured = [m for m in node_median if not math.isnan(m)]
+    typical = _median(measured) if measured else math.nan
+    near = [x["gbps"] for x in links if abs(x["gbps"] - typical) <= MIN_DROP * typical]
+    spread = 1.4826 * _median([abs(x - typical) for x in near]) if near else 0.0
+    drop = min(MAX_DROP * typical, max(K_MAD * spread, MIN_DROP * typical))
+    threshold = typical - drop if measured else math.nan
+    if min_link_gbps is not None:
+        threshold = min_link_gbps if math.isnan(threshold) else max(threshold, min_link_gbps)
+    slow = [x["gbps"] < threshold for x in links]
+    return {
+        "per_node": per_node,
+        "node_median": node_median,
+        "typical": typical,
+        "spread": spread,
+        "threshold": threshold,
+        "slow": slow,
+    }
+
+
+def judge(
+    n: int,
+    links: Sequence[dict],
+    *,
+    min_link_gbps: float | None = None,
+    dropped: Iterable[int] = (),
+) -> dict:
+    """The verdict on links between `n` nodes. `links`: dicts with `a`, `b` (node indices) and
+    `gbps` (one per measured pair; more keys are kept). Returns node indices:
+    {"typical_gbps", "spread_gbps", "threshold_gbps", "slow_nodes": [{node, median_gbps,
+    slow, links}], "slow_links": [{a, b, gbps, exclude: [...]}, ...], "dropped", "exclude",
+    "node_median_gbps"}."""
+    st = _stats(n, links, min_link_gbps)
+    slow = st["slow"]
+    at: list[list[int]] = [[] for _ in range(n)]  # node -> indices of its links
+    for i, x in enumerate(links):
+        at[x["a"]].append(i)
+        at[x["b"]].append(i)
+    gone = sorted(set(dropped))
+    named: list[int] = []
+    named_set: set[int] = set()
+    candidates = [k for k in range(n) if k not in set(gone) and any(slow[i] for i in at[k])]
+    while True:
+        best, best_share = None, 0.5
+        for node in candidates:
+            if node in named_set:
+                continue
+            mine = [i for i in at[node] if _other(links[i], node) not in named_set]
+            if len(mine) < 2:
+                continue
+            share = sum(slow[i] for i in mine) / len(mine)
+            if share > best_share:
+                best, best_share = node, share
+        if best is None:
+            break
+        named.append(best)
+        named_set.add(best)
+    slow_nodes = [
+        {
+            "node": node,
+            "median_gbps": _median([links[i]["gbps"] for i in at[node]]),
+            "slow": sum(slow[i] for i in at[node]),
+            "links": len(at[node]),
+        }
+        for node in named
+    ]
+    slow_links = []
+    margin = max(2 * st["spread"], 0.05 * st["typical"]) if st["typical"] == st["typical"] else 0.0
+    for i, link in enumerate(links):
+        a, b = link["a"], link["b"]
+        if not slow[i] or a in named_set or b in named_set:
+            continue
+        oa, ob = (_median([links[j]["gbps"] for j in at[end] if j != i]) for end in (a, b))
+        if math.isnan(oa) or math.isnan(ob) or abs(oa - ob) <= margin:
+            exclude = [a, b]
+        else:
+            exclude = [a] if oa < ob else [b]
+        slow_links.append({**link, "others_gbps": [oa, ob], "exclude": exclude})
+    exclude = sorted(set(named) | {e for x in slow_links for e in x["exclude"]} | set(gone))
+    return {
+        "typical_gbps": st["typical"],
+        "spread_gbps": st["spread"],
+        "threshold_gbps": st["threshold"],
+        "node_median_gbps": st["node_median"],
+        "slow_nodes": slow_nodes,
+        "slow_links": slow_links,
+        "dropped": gone,
+        "exclude": exclude,
+    }
+
+
+def _other(link: dict, node: int) -> int:
+    return link["b"] if link["a"] == node else link["a"]
+
+
+def matrix(n: int, links: Sequence[dict]) -> list[list[float | None]]:
+    """N x N Gb/s (the slowest measurement of each pair), None where not measured."""
+    out: list[list[float | None]] = [[None] * n for _ in range(n)]
+    for x in links:
+        a, b = x["a"], x["b"]
+        cur = out[a][b]
+        v = x["gbps"] if cur is None else min(cur, x["gbps"])
+        out[a][b] = out[b][a] = v
+    return out
+
+
+def merge_rails(links: Sequence[dict]) -> list[dict]:
+    """One entry per node pair: the slowest rail (one slow rail is a slow NIC on that pair)."""
+    best: dict[Pair, dict] = {}
+    for x in links:
+        key = (min(x["a"], x["b"]), max(x["a"], x["b"]))
+        if key not in best or x["gbps"] < best[key]["gbps"]:
+            best[key] = x
+    return [best[k] for k in sorted(best)]
+
+
+# ---------------------------------------------------------------------- the report section
+
+MATRIX_MAX = 256  # the JSON carries the N x N matrix up to this many nodes (the links always)
+
+
+def assess(
+    *,
+    hosts: Sequence[str],
+    ranks: Sequence[Sequence[int]],
+    local: Sequence[int | None],
+    cross: Sequence[dict],
+    intra: Sequence[dict] = (),
+    silent: Sequence[int] = (),
+    failed: dict[int, str] | None = None,
+    min_link_gbps: float | None = None,
+    judge_intra: bool = False,
+    timeout_s: float | None = None,
+    nbytes: int | None = None,
+    elapsed_s: float | None = None,
+) -> dict:
+    """The report's `links` section: each rail judged on its own (local rank i of every node),
+    findings named by host, local rank and rank; `problems` (one line each), `kind` (the first
+    finding: dropped, slow_node, slow_link, or None) and `exit_code` (3 when a node dropped out
+    or a transfer failed, 1 for a slow node or link, else 0)."""
+    from lockstep.env.hostlist import compress
+
+    failed = failed or {}
+    n = len(hosts)
+    node_of = {r: k for k, rs in enumerate(ranks) for r in rs}
+    silent_nodes = sorted({node_of[r] for r in silent if r in node_of})
+    problems: list[str] = []
+    kinds: list[str] = []
+
+    def who(node: int, rail: int | None = None) -> str:
+        if rail is None:
+            return f"{hosts[node]} (rank {_ranges(ranks[node])})"
+        rank = ranks[node][rail]
+        return f"{hosts[node]} local rank {_show(local[rank])} (rank {rank})"
+
+    for node in silent_nodes:
+        gone = [r for r in silent if node_of.get(r) == node]
+        problems.append(
+            f"node {hosts[node]} (rank {_ranges(gone)}) dropped out during the link stage: "
+            f"no answer within {_g(timeout_s)} s"
+        )
+        kinds.append("dropped")
+    if failed and not silent_nodes:
+        first = min(failed)
+        problems.append(
+            f"the link stage failed on rank {_ranges(list(failed))}: rank {first}: {failed[first]}"
+        )
+        kinds.append("link_error")
+
+    rails = max((len(rs) for rs in ranks), default=0)
+    per_rail = []
+    slow_nodes, slow_links = [], []
+    exclude: set[int] = set(silent_nodes)
+    for rail in range(rails):
+        mine = [x for x in cross if x["rail"] == rail]
+        if not mine:
+            continue
+        v = judge(n, mine, min_link_gbps=min_link_gbps, dropped=silent_nodes)
+        per_rail.append(
+            {
+                "rail": rail,
+                "typical_gbps": _r(v["typical_gbps"]),
+                "spread_gbps": _r(v["spread_gbps"]),
+                "threshold_gbps": _r(v["threshold_gbps"]),
+                "links": len(mine),
+            }
+        )
+        for s in v["slow_nodes"]:
+            node = s["node"]
+            slow_nodes.append(
+                {
+                    "host": hosts[node],
+                    "node": node,
+                    "rail": rail,
+                    "local_rank": local[ranks[node][rail]],
+                    "rank": ranks[node][rail],
+                    "median_gbps": _r(s["median_gbps"]),
+                    "typical_gbps": _r(v["typical_gbps"]),
+                    "slow_links": s["slow"],
+                    "links": s["links"],
+                }
+            )
+            problems.append(
+                f"slow node {who(node, rail)}: median link {_r(s['median_gbps'])} Gb/s vs "
+                f"typical {_r(v['typical_gbps'])} Gb/s ({s['slow']} of {s['links']} links slow)"
+            )
+            kinds.append("slow_node")
+        for s in v["slow_links"]:
+            a, b = s["a"], s["b"]
+            slow_links.append(
+                {
+                    "hosts": [hosts[a], hosts[b]],
+                    "nodes": [a, b],
+                    "rail": rail,
+                    "ranks": s["ranks"],
+                    "local_ranks": [local[r] for r in s["ranks"]],
+                    "gbps": _r(s["gbps"]),
+                    "typical_gbps": _r(v["typical_gbps"]),
+                    "others_gbps": [_r(x) for x in s["others_gbps"]],
+                    "exclude": [hosts[e] for e in s["exclude"]],
+                }
+            )
+            problems.append(
+                f"slow link {who(a, rail)} <-> {who(b, rail)}: {_r(s['gbps'])} Gb/s vs typical "
+                f"{_r(v['typical_gbps'])} Gb/s; their other links {_r(s['others_gbps'][0])} and "
+                f"{_r(s['others_gbps'][1])} Gb/s; exclude {', '.join(hosts[e] for e in s['exclude'])}"
+            )
+            kinds.append("slow_link")
+        exclude |= set(v["exclude"])
+
+    intra_nodes = _judge_intra(n, intra, min_link_gbps) if judge_intra else []
+    for s in intra_nodes:
+        node = s["node"]
+        slow_nodes.append({**s, "host": hosts[node], "intra": True})
+        problems.append(
+            f"slow node {who(node)} within the node: {s['gbps']} Gb/s between its ranks vs "
+            f"typical {s['typical_gbps']} Gb/s"
+        )
+        kinds.append("slow_node")
+        exclude.add(node)
+
+    names = [hosts[k] for k in sorted(exclude)]
+    node_level = merge_rails(cross)
+    out = {
+        "schedule": ("full" if n <= FULL_MATRIX else "sampled"),
+        "nodes": [
+            {
+                "node": k,
+                "host": h,
+                "ranks": list(ranks[k]),
+                "local_ranks": [local[r] for r in ranks[k]],
+            }
+            for k, h in enumerate(hosts)
+        ],
+        "rounds": len({x["round"] for x in [*cross, *intra]}),
+        "bytes": nbytes,
+        "min_link_gbps": min_link_gbps,
+        "rails": per_rail,
+        "typical_gbps": _r(_median([r["typical_gbps"] for r in per_rail])) if per_rail else None,
+        "links": [_clean(x) for x in cross],
+        "intra": [_clean(x) for x in intra],
+        "slow_nodes": slow_nodes,
+        "slow_links": slow_links,
+        "dropped": [hosts[k] for k in silent_nodes],
+        "silent_ranks": sorted(silent),
+        "failed_ranks": {str(r): why for r, why in sorted(failed.items())},
+        "exclude": names,
+        "exclude_hostlist": compress(names) if names else "",
+        "problems": problems,
+        "kind": kinds[0] if kinds else None,
+        "kinds": list(dict.fromkeys(kinds)),
+        "exit_code": 3 if (silent_nodes or failed) else (1 if problems else 0),
+        "elapsed_s": None if elapsed_s is None else round(elapsed_s, 3),
+    }
+    if n <= MATRIX_MAX:
+        out["matrix_gbps"] = [[_r(v) for v in row] for row in matrix(n, node_level)]
+    return out
+
+
+def _judge_intra(n: int, intra: Sequence[dict], min_link_gbps: float | None) -> list[dict]:
+    """Within-node bandwidth (GPUs: NVLink or PCIe), each node's slowest pair against the
+    median node; judged only with three nodes or more (or against --min-link-gbps)."""
+    worst: dict[int, float] = {}
+    for x in intra:
+        worst[x["a"]] = min(worst.get(x["a"], math.inf), x["gbps"])
+    if not worst:
+        return []
+    values = list(worst.values())
+    typical = _median(values)
+    spread = 1.4826 * _median([abs(v - typical) for v in values])
+    drop = min(MAX_DROP * typical, max(K_MAD * spread, MIN_DROP * typical))
+    threshold = typical - drop if len(values) >= 3 else -1.0
+    if min_link_gbps is not None:
+        threshold = max(threshold, min_link_gbps)
+    return [
+        {"node": k, "gbps": _r(v), "typical_gbps": _r(typical)}
+        for k, v in sorted(worst.items())
+        if v < threshold
+    ]
+
+
+def _clean(x: dict) -> dict:
+    return {k: (_r(v) if isinstance(v, float) else v) for k, v in x.items()}
+
+
+def _r(v: float | None) -> float | None:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return None
+    return round(v, 4)
+
+
+def _g(v: float | None) -> str:
+    return "?" if v is None else f"{v:g}"
+
+
+def _show(v: object) -> str:
+    return "-" if v is None else str(v)
+
+
+def _ranges(ranks: Sequence[int]) -> str:
+    parts: list[list[int]] = []
+    for r in sorted(ranks):
+        if parts and parts[-1][1] == r - 1:
+            parts[-1][1] = r
+        else:
+            parts.append([r, r])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)

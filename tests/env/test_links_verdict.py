@@ -1,0 +1,144 @@
+"""The link stage's schedule and verdict, pure (no process group): the round-robin covers
+every pair in disjoint rounds, the sampled schedule stays within 2 log2(N) + 4 rounds, and the
+verdict names a slow node (not its partners), a slow link (neither end), or nothing."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from lockstep.env import link_verdict as lv
+
+
+def measure(rounds, *, slow_nodes=(), slow_links=(), noise=0.05, seed=0):
+    rng = random.Random(seed)
+    out = []
+    for k, pairs in enumerate(rounds):
+        for a, b in pairs:
+            g = 100 * max(0.05, rng.gauss(1.0, noise))
+            if a in slow_nodes or b in slow_nodes:
+                g /= 5
+            if (min(a, b), max(a, b)) in slow_links:
+                g /= 5
+            out.append({"a": a, "b": b, "gbps": g, "rail": 0, "ranks": [a, b], "round": k})
+    return out
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 9, 16, 31, 32])
+def test_round_robin_measures_every_pair_once_in_disjoint_rounds(n):
+    kind, rounds = lv.schedule(n)
+    assert kind == "full"
+    assert len(rounds) == (n - 1 if n % 2 == 0 else n)
+    pairs = [p for r in rounds for p in r]
+    assert sorted(pairs) == [(a, b) for a in range(n) for b in range(a + 1, n)]
+    for r in rounds:
+        nodes = [x for p in r for x in p]
+        assert len(nodes) == len(set(nodes))
+
+
+@pytest.mark.parametrize("n", [33, 100, 1024])
+def test_sampled_schedule_is_disjoint_and_within_budget(n):
+    kind, first = lv.schedule(n)
+    assert kind == "sampled"
+    second = lv.second_pass(n, [0, 5, 7])
+    assert len(first) + len(second) <= lv.budget(n)
+    for r in first + second:
+        nodes = [x for p in r for x in p]
+        assert len(nodes) == len(set(nodes))
+        assert len(r) >= n // 2 - 3
+    assert lv.first_pass(n, seed=0) == first  # the same schedule on every rank
+
+
+@pytest.mark.parametrize("n", [4, 8])
+def test_clean_full_matrix_names_nothing(n):
+    for seed in range(20):
+        v = lv.judge(n, measure(lv.round_robin(n), seed=seed, noise=0.05))
+        assert v["slow_nodes"] == [] and v["slow_links"] == [] and v["exclude"] == []
+
+
+@pytest.mark.parametrize("n,slow", [(3, 2), (4, 2), (8, 5)])
+def test_slow_node_named_not_its_partners(n, slow):
+    v = lv.judge(n, measure(lv.round_robin(n), slow_nodes={slow}))
+    assert [s["node"] for s in v["slow_nodes"]] == [slow]
+    assert v["slow_links"] == [] and v["exclude"] == [slow]
+
+
+def test_two_slow_nodes_in_four():
+    v = lv.judge(8, measure(lv.round_robin(8), slow_nodes={1, 6}))
+    assert sorted(s["node"] for s in v["slow_nodes"]) == [1, 6] and v["slow_links"] == []
+
+
+def test_slow_link_names_both_ends_and_neither_node():
+    v = lv.judge(4, measure(lv.round_robin(4), slow_links={(1, 2)}))
+    assert v["slow_nodes"] == []
+    assert [(s["a"], s["b"]) for s in v["slow_links"]] == [(1, 2)]
+    assert set(v["exclude"]) <= {1, 2} and v["exclude"]
+
+
+def test_slow_link_exclude_takes_the_end_whose_other_links_are_slower():
+    links = measure(lv.round_robin(8), slow_links={(2, 5)}, noise=0.0)
+    for x in links:  # node 5's other links are fine but clearly slower than node 2's
+        if 5 in (x["a"], x["b"]) and 2 not in (x["a"], x["b"]):
+            x["gbps"] = 85.0
+    v = lv.judge(8, links)
+    assert [(s["a"], s["b"]) for s in v["slow_links"]] == [(2, 5)]
+    assert v["exclude"] == [5]
+
+
+def test_two_nodes_one_link_needs_the_floor():
+    links = measure(lv.round_robin(2))
+    assert lv.judge(2, links)["exclude"] == []
+    v = lv.judge(2, links, min_link_gbps=1000)
+    assert [(s["a"], s["b"]) for s in v["slow_links"]] == [(0, 1)] and v["exclude"] == [0, 1]
+
+
+def test_min_link_gbps_adds_an_absolute_floor():
+    v = lv.judge(4, measure(lv.round_robin(4), noise=0.0), min_link_gbps=200)
+    assert sorted(s["node"] for s in v["slow_nodes"]) != [] or v["slow_links"]
+
+
+def test_sampled_schedule_finds_slow_nodes_at_1024():
+    n, slow = 1024, {3, 400, 777}
+    _, first = lv.schedule(n)
+    links = measure(first, slow_nodes=slow)
+    second = lv.second_pass(n, lv.suspects(n, links))
+    links += measure(second, slow_nodes=slow, seed=1)
+    v = lv.judge(n, links)
+    assert sorted(s["node"] for s in v["slow_nodes"]) == sorted(slow)
+    assert v["slow_links"] == []
+
+
+def test_assess_names_hosts_ranks_and_the_hostlist():
+    hosts = [f"node{k}" for k in range(4)]
+    ranks = [[2 * k, 2 * k + 1] for k in range(4)]
+    local = [0, 1] * 4
+    cross = []
+    for x in measure(lv.round_robin(4), slow_nodes={3}):
+        for rail in (0, 1):
+            a, b = x["a"], x["b"]
+            cross.append({**x, "rail": rail, "ranks": [ranks[a][rail], ranks[b][rail]]})
+    out = lv.assess(hosts=hosts, ranks=ranks, local=local, cross=cross, silent=[], timeout_s=5)
+    assert out["kind"] == "slow_node" and out["exit_code"] == 1
+    assert {(s["host"], s["local_rank"]) for s in out["slow_nodes"]} == {
+        ("node3", 0),
+        ("node3", 1),
+    }
+    assert out["exclude_hostlist"] == "node3"
+    assert "slow node node3 local rank 1 (rank 7)" in " ".join(out["problems"])
+    gone = lv.assess(hosts=hosts, ranks=ranks, local=local, cross=[], silent=[4, 5], timeout_s=5)
+    assert gone["kind"] == "dropped" and gone["exit_code"] == 3
+    assert gone["exclude_hostlist"] == "node2" and "node2" in gone["problems"][0]
+
+
+def test_verdict_at_4096_nodes_is_fast():
+    import time
+
+    n = 4096
+    _, first = lv.schedule(n)
+    links = measure(first, slow_nodes={1, 2000})
+    links += measure(lv.second_pass(n, lv.suspects(n, links)), slow_nodes={1, 2000}, seed=1)
+    start = time.perf_counter()
+    v = lv.judge(n, links)
+    assert time.perf_counter() - start < 5  # under 1 s unloaded (benchmarks/bench_links.py)
+    assert sorted(s["node"] for s in v["slow_nodes"]) == [1, 2000]
