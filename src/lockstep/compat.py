@@ -41,3 +41,17 @@ def process_groups() -> list:
     from torch.distributed import distributed_c10d
 
     return list(distributed_c10d._world.pg_map)
+
+
+# The flight recorder's buffer size (entries per process; 0 turns it off). torch 2.13 reads
+# TORCH_FR_BUFFER_SIZE, then TORCH_NCCL_TRACE_BUFFER_SIZE, default 2000, for every backend
+# (gloo included: FlightRecorder.hpp); older torch reads only the NCCL name.
+FR_BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+
+
+def dump_flight_recorder() -> bytes:
+    """This process's flight recorder, pickled (`_dump_fr_trace`: a dict of builtins with a
+    "version" field, "pg_config", "pg_status" and "entries", one per collective)."""
+    import torch
+
+    return torch._C._distributed_c10d._dump_fr_trace()

@@ -1,0 +1,305 @@
+"""Who is out of step in a hung or crashed run, from each rank's flight-recorder dump. Pure:
+dicts in (`dumps.loads`), a `Report` out.
+
+Per process group, the first sequence number where the ranks part: the lowest collective a
+rank waits in, or the one after a rank's last when that rank has none pending (it is in
+Python). There each rank either entered a collective (op, input/output sizes and dtypes),
+never reached it, or gave no dump. The odd ranks are the ones the others disagree with: the
+largest agreeing set is the majority, whatever its ranks' numbers (torch's analyzer pairs
+greedily from the first rank and blames the normal ranks when rank 0 is the culprit). A tie
+is broken by the collective the run's own history predicts at that number (the op that
+followed the previous one last time), and ranks that never reached it are the odd ones
+against ranks that wait in it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+
+NOT_REACHED = "not reached"
+
+
+@dataclass
+class Group:
+    ranks: list[int]
+    op: str  # the collective, or NOT_REACHED
+    input_sizes: list | None = None
+    input_dtypes: list | None = None
+    output_sizes: list | None = None
+    output_dtypes: list | None = None
+    waiting: bool = False  # entered and not completed
+
+    def describe(self) -> str:
+        if self.op == NOT_REACHED:
+            return "no collective pending (in Python)"
+        sizes = f"in {_sizes(self.input_sizes, self.input_dtypes)}"
+        if self.output_sizes and self.output_sizes != self.input_sizes:
+            sizes += f", out {_sizes(self.output_sizes, self.output_dtypes)}"
+        return f"{self.op} ({sizes})"
+
+
+@dataclass
+class Finding:
+    process_group: str
+    seq: int
+    groups: list[Group]
+    odd: list[int]
+    majority: list[int]
+    headline: str
+    kind: str  # "different collective", "skipped", "in Python", "sizes differ", "no dump", ...
+    stacks: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    findings: list[Finding]
+    no_dump: list[int]
+    versions: dict[int, str]
+    problems: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = []
+        for f in self.findings:
+            out.append(f"{f.headline} (process group {f.process_group})")
+            for g in f.groups:
+                out.append(f"  {_ranks(g.ranks)}: {g.describe()}")
+            for rank, stack in sorted(f.stacks.items()):
+                out.append(f"  rank {rank}'s Python stack:")
+                out.extend(f"    {ln}" for ln in stack.splitlines())
+        if self.no_dump:
+            out.append(f"no dump from {_ranks(self.no_dump)} (dead, or never answered)")
+        if not self.findings:
+            out.append("no collective out of step in the dumps")
+        out.extend(f"unread: {p}" for p in self.problems)
+        return out
+
+    def text(self) -> str:
+        return "\n".join(self.lines())
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, default=str)
+
+
+def analyse(dumps: dict[int, dict], *, stacks: dict[int, str] | None = None,
+            world: int | None = None, problems: list[str] | None = None) -> Report:  # fmt: skip
+    """The report for `dumps` (rank -> a dump's dict); `world`: ranks expected (0..world-1)."""
+    stacks = stacks or {}
+    groups: dict[str, dict[int, _RankView]] = {}
+    members: dict[str, set[int]] = {}
+    for rank, data in dumps.items():
+        for name, view in _views(data).items():
+            groups.setdefault(name, {})[rank] = view
+        for name, config in (data.get("pg_config") or {}).items():
+            members.setdefault(_pg_key(name, config), set()).update(_parse_ranks(config))
+    expected = set(range(world)) if world else set()
+    for ranks in members.values():
+        expected |= ranks
+    no_dump = sorted(expected - set(dumps))
+    findings = []
+    for name, views in sorted(groups.items()):
+        found = _finding(name, views)
+        if found:
+            found.stacks = {r: _main_stack(stacks[r]) for r in found.odd if stacks.get(r)}
+            findings.append(found)
+    if no_dump and findings:
+        for f in findings:
+            f.headline += f"; no dump from {_ranks(no_dump)}"
+    versions = {r: str(d.get("version", "unknown")) for r, d in sorted(dumps.items())}
+    return Report(findings, no_dump, versions, problems or [])
+
+
+@dataclass
+class _RankView:
+    entries: dict[int, dict]  # collective seq -> entry
+    completed: int  # last completed seq
+    last: int  # last entered seq
+
+    def pending(self) -> int | None:
+        return self.completed + 1 if self.last > self.completed else None
+
+
+def _pg_key(name, config) -> str:
+    desc = config.get("desc", "") if isinstance(config, dict) else ""
+    return f"{name} ({desc})" if desc else str(name)
+
+
+def _views(data: dict) -> dict[str, _RankView]:
+    status = data.get("pg_status") or {}
+    by_pg: dict[str, dict[int, dict]] = {}
+    names: dict[str, str] = {}
+    for e in data.get("entries") or []:
+        if e.get("is_p2p") or not e.get("collective_seq_id"):
+            continue
+        pg = e.get("process_group") or (str(e.get("pg_id", 0)), "")
+        key = f"{pg[0]} ({pg[1]})" if len(pg) > 1 and pg[1] else str(pg[0])
+        names[key] = str(pg[0])
+        by_pg.setdefault(key, {})[int(e["collective_seq_id"])] = e
+    views = {}
+    for key, entries in by_pg.items():
+        st = status.get(names[key]) or status.get(str(next(iter(entries.values())).get("pg_id")))
+        last = max(entries)
+        if st and "last_completed_collective" in st:
+            completed = int(st["last_completed_collective"])
+            last = max(last, int(st.get("last_enqueued_collective", last)))
+        else:  # older dumps: no pg_status
+            done = [s for s, e in entries.items() if e.get("state") == "completed"]
+            completed = max(done, default=min(entries) - 1)
+        views[key] = _RankView(entries, max(completed, 0), last)
+    return views
+
+
+def _op(entry: dict) -> str:
+    name = str(entry.get("profiling_name", "?"))
+    return name.split(":", 1)[1] if ":" in name else name
+
+
+def _signature(entry: dict) -> tuple:
+    return (_op(entry), json.dumps(entry.get("input_sizes")), json.dumps(entry.get("input_dtypes")),
+            json.dumps(entry.get("output_sizes")), json.dumps(entry.get("output_dtypes")))  # fmt: skip
+
+
+def _finding(name: str, views: dict[int, _RankView]) -> Finding | None:
+    fronts = {r: (v.pending() or v.last + 1) for r, v in views.items()}
+    if not any(v.pending() for v in views.values()):
+        return None  # nobody waits in this group
+    seq = min(fronts.values())
+    by_sig: dict[tuple, list[int]] = {}
+    entry_of: dict[tuple, dict] = {}
+    for rank, view in sorted(views.items()):
+        entry = view.entries.get(seq)
+        if entry is None:
+            sig = (NOT_REACHED,) if view.last < seq else ("unknown",)
+        else:
+            sig = _signature(entry)
+            entry_of[sig] = entry
+        by_sig.setdefault(sig, []).append(rank)
+    groups = []
+    for sig, ranks in by_sig.items():
+        e = entry_of.get(sig)
+        if e is None:
+            groups.append(Group(ranks, sig[0]))
+        else:
+            waiting = all(views[r].completed < seq for r in ranks)
+            groups.append(Group(ranks, _op(e), e.get("input_sizes"), e.get("input_dtypes"),
+                                e.get("output_sizes"), e.get("output_dtypes"), waiting))  # fmt: skip
+    groups.sort(key=lambda g: (-len(g.ranks), g.ranks))
+    if len(groups) == 1:
+        g = groups[0]
+        return Finding(name, seq, groups, [], g.ranks,
+                       f"{_ranks(g.ranks)} wait in {g.op} #{seq}", "all waiting")  # fmt: skip
+    predicted = _predicted(views, seq)
+    major = _majority(groups, predicted)
+    odd = sorted(r for g in groups if g is not major for r in g.ranks)
+    minors = [g for g in groups if g is not major]
+    verb = "wait in" if major.waiting else "entered"
+    if major.op == NOT_REACHED:
+        where = f"have no collective pending at #{seq} (in Python)"
+    else:
+        where = f"{verb} {major.op} #{seq}"
+    parts, kinds = [], []
+    for g in minors:
+        if g.op == NOT_REACHED:
+            last = max(views[r].last for r in g.ranks)
+            parts.append(f"{_ranks(g.ranks)} never reached #{seq} (last collective #{last}, "
+                         "none pending: in Python)")  # fmt: skip
+            kinds.append("in Python")
+        elif g.op == major.op:
+            parts.append(f"{_ranks(g.ranks)} entered {g.op} #{seq} with "
+                         f"{_sizes(g.input_sizes, g.input_dtypes)}")  # fmt: skip
+            kinds.append("sizes differ")
+            where = f"{verb} {major.op} #{seq} with {_sizes(major.input_sizes, major.input_dtypes)}"
+        elif predicted and predicted[0] == major.op and predicted[1] == g.op:
+            parts.append(f"{_ranks(g.ranks)} skipped {major.op} #{seq}: entered {g.op}, "
+                         "the collective after it")  # fmt: skip
+            kinds.append("skipped")
+        else:
+            parts.append(f"{_ranks(g.ranks)} entered {g.op} #{seq}")
+            kinds.append("different collective")
+    headline = f"{'; '.join(parts)} while {_ranks(major.ranks)} {where}"
+    if len(major.ranks) == len(odd) and not _broke_tie(groups, major, predicted):
+        headline += " (no majority: out of step with each other)"
+        odd = sorted(views)
+    return Finding(name, seq, groups, odd, major.ranks, headline, ", ".join(dict.fromkeys(kinds)))
+
+
+def _predicted(views: dict[int, _RankView], seq: int) -> tuple[str, str | None] | None:
+    """From the history every rank agrees on: the op expected at `seq` (what followed the op
+    at seq-1 the last time it ran before) and the op expected after that."""
+    common = {}
+    for s in range(seq - 1, 0, -1):
+        ops = {_op(v.entries[s]) if s in v.entries else None for v in views.values()}
+        if len(ops) != 1 or None in ops:
+            break
+        common[s] = ops.pop()
+    if seq - 1 not in common:
+        return None
+    prev = common[seq - 1]
+    for t in range(seq - 2, 0, -1):
+        if t not in common:
+            break
+        if common[t] == prev:
+            return common[t + 1], common.get(t + 2)
+    return None
+
+
+def _majority(groups: list[Group], predicted) -> Group:
+    top = [g for g in groups if len(g.ranks) == len(groups[0].ranks)]
+    if len(top) == 1:
+        return top[0]
+    if predicted:
+        match = [g for g in top if g.op == predicted[0]]
+        if len(match) == 1:
+            return match[0]
+    waiting = [g for g in top if g.waiting]
+    if len(waiting) == 1 and any(g.op == NOT_REACHED for g in top):
+        return waiting[0]  # they wait for the ranks that never came
+    return top[0]
+
+
+def _broke_tie(groups, major, predicted) -> bool:
+    top = [g for g in groups if len(g.ranks) == len(major.ranks)]
+    if len(top) == 1:
+        return True
+    if predicted and sum(g.op == predicted[0] for g in top) == 1 and major.op == predicted[0]:
+        return True
+    return major.waiting and any(g.op == NOT_REACHED for g in top) and len(top) == 2
+
+
+def _main_stack(text: str) -> str:
+    """faulthandler's dump without the recorder's own thread: the blocks of other threads,
+    the main thread first, at most 20 lines."""
+    blocks = [b for b in text.split("\n\n") if b.strip() and "lockstep/forensics" not in b]
+    blocks = [b for b in blocks if not b.startswith("# ")] or blocks
+    lines = [ln for b in blocks for ln in b.strip().splitlines() if not ln.startswith("# ")]
+    return "\n".join(lines[:20])
+
+
+def _sizes(sizes, dtypes) -> str:
+    shapes = ", ".join(str(list(s)) for s in (sizes or []))
+    types = ", ".join(sorted(set(dtypes or [])))
+    return f"{shapes} {types}".strip()
+
+
+def _ranks(ranks: list[int]) -> str:
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(map(str, ranks))
+
+
+def _parse_ranks(config) -> set[int]:
+    raw = config.get("ranks") if isinstance(config, dict) else None
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return set()
+    return {int(r) for r in raw or [] if isinstance(r, int | str) and str(r).isdigit()}
+
+
+def counts(report: Report) -> Counter:
+    return Counter(f.kind for f in report.findings)

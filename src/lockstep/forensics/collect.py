@@ -1,0 +1,44 @@
+"""The launching side: the ranks' environment for recording and dumping (`environ`), and
+asking every live rank for its dump when a run times out (`request`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from lockstep.compat import FR_BUFFER_ENV
+from lockstep.forensics.recorder import DIR_ENV, TRIGGER
+
+SITE = Path(__file__).resolve().parent / "site"
+BUFFER = "2000"  # torch's default: enough for the last steps of any job
+
+
+def environ(env: dict, folder: Path) -> dict:
+    """`env` with what a rank needs to record and dump into `folder` (made here): the buffer
+    size (unless the job set one; 0 keeps it off), the folder, and `site/` first on
+    PYTHONPATH so a new interpreter installs the watcher (`site/sitecustomize.py`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = dict(env)
+    if not any(name in out for name in FR_BUFFER_ENV):
+        out[FR_BUFFER_ENV[0]] = BUFFER
+    out[DIR_ENV] = str(folder)
+    path = [str(SITE), *(p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    out["PYTHONPATH"] = os.pathsep.join(path)
+    return out
+
+
+def request(folder: Path, nproc: int, wait: float = 3.0) -> list[int]:
+    """Ask the ranks recording into `folder` for their dumps and wait up to `wait` seconds for
+    `nproc` of them; the ranks that answered."""
+    (folder / TRIGGER).touch()
+    deadline = time.monotonic() + wait
+    while True:
+        answered = answered_ranks(folder)
+        if len(answered) >= nproc or time.monotonic() > deadline:
+            return answered
+        time.sleep(0.1)
+
+
+def answered_ranks(folder: Path) -> list[int]:
+    return sorted(int(p.name[5:]) for p in folder.glob("rank_*") if p.name[5:].isdigit())

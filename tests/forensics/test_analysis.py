@@ -1,0 +1,108 @@
+"""Planted hangs named right from their dumps, on 2 and 4 ranks (pure analysis, no ranks)."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from tests.forensics.fr import dump, entry, pickled
+
+from lockstep.forensics import analysis, dumps
+
+HISTORY = ["all_reduce", "all_gather"] * 2  # #1..#4, every rank agrees
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("odd", [0, 1])
+def test_a_rank_in_a_different_collective(world, odd):
+    odd = odd * (world - 1)  # rank 0 or the last rank
+    d = {r: dump(world, [*HISTORY, "broadcast" if r == odd else "all_reduce"])
+         for r in range(world)}  # fmt: skip
+    report = analysis.analyse(d, world=world)
+    (f,) = report.findings
+    assert f.odd == [odd] and f.seq == 5
+    assert f"rank {odd} entered broadcast #5 while" in f.headline
+    assert "wait in all_reduce #5" in f.headline
+    assert "no majority" not in f.headline
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("odd", [0, 1])
+def test_a_rank_that_skips_a_collective(world, odd):
+    odd = odd * (world - 1)
+    d = {r: dump(world, [*HISTORY, "all_gather" if r == odd else "all_reduce"])
+         for r in range(world)}  # fmt: skip
+    (f,) = analysis.analyse(d, world=world).findings
+    assert f.odd == [odd] and f.kind == "skipped"
+    assert f"rank {odd} skipped all_reduce #5" in f.headline
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("odd", [0, 1])
+def test_a_rank_in_python_with_no_collective_pending(world, odd):
+    odd = odd * (world - 1)
+    d = {r: dump(world, HISTORY if r == odd else [*HISTORY, "all_reduce"],
+                 completed=4) for r in range(world)}  # fmt: skip
+    stacks = {odd: 'Thread 0x1 (most recent call first):\n  File "train.py", line 9 in step\n'}
+    report = analysis.analyse(d, world=world, stacks=stacks)
+    (f,) = report.findings
+    assert f.odd == [odd] and f.kind == "in Python"
+    assert f"rank {odd} never reached #5 (last collective #4, none pending" in f.headline
+    assert 'train.py", line 9' in report.text()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_sizes_that_differ_name_the_rank(world):
+    odd = world - 1
+    d = {r: dump(world, [*HISTORY, entry(5, "all_reduce", size=(8,) if r == odd else (4,))])
+         for r in range(world)}  # fmt: skip
+    (f,) = analysis.analyse(d, world=world).findings
+    assert f.kind == "sizes differ"
+    if world > 2:
+        assert f.odd == [odd]
+        assert f"rank {odd} entered all_reduce #5 with [8] Float" in f.headline
+    else:  # two ranks, two sizes: both named
+        assert "[8] Float" in f.headline and "[4] Float" in f.headline
+
+
+def test_a_missing_dump_and_all_waiting():
+    d = {r: dump(4, [*HISTORY, "all_reduce"]) for r in range(3)}
+    report = analysis.analyse(d, world=4)
+    assert report.no_dump == [3]
+    assert "ranks 0-2 wait in all_reduce #5" in report.text()
+    assert "no dump from rank 3" in report.text()
+
+
+def test_a_clean_run_names_nobody():
+    d = {r: dump(2, HISTORY, completed=4) for r in range(2)}
+    assert analysis.analyse(d).findings == []
+
+
+def test_dump_without_pg_status_older_format():
+    d = {}
+    for r in range(2):
+        x = dump(2, [*HISTORY, "broadcast" if r else "all_reduce"], version="2.4")
+        del x["pg_status"]
+        for e in x["entries"][:4]:
+            e["state"] = "completed"
+        d[r] = x
+    (f,) = analysis.analyse(d).findings
+    assert f.seq == 5
+
+
+class Planted:
+    def __reduce__(self):
+        return (print, ("pwned",))
+
+
+def test_the_restricted_unpickler_refuses_a_planted_pickle(tmp_path, capsys):
+    bad = dump(2, HISTORY)
+    bad["entries"].append(Planted())
+    (tmp_path / "rank_1").write_bytes(pickle.dumps(bad))
+    (tmp_path / "rank_0").write_bytes(pickled(dump(2, HISTORY)))
+    found, problems = dumps.load_dir(tmp_path)
+    assert list(found) == [0]
+    assert "refused: the dump names builtins.print" in problems[0]
+    assert "pwned" not in capsys.readouterr().out
+    with pytest.raises(dumps.DumpError):
+        dumps.loads(pickle.dumps({"entries": [], "x": dumps.Dump}))
