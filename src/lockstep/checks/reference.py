@@ -25,8 +25,13 @@ class ReferenceRun:
     params: dict[str, torch.Tensor]  # fp32, CPU
 
 
-def run_reference(cfg: RunConfig, world_size: int, steps: int | None = None) -> ReferenceRun:
-    """Train `steps` (default cfg.steps) steps on one process with cfg's global batch."""
+def run_reference(
+    cfg: RunConfig, world_size: int, steps: int | None = None, watch=None
+) -> ReferenceRun:
+    """Train `steps` (default cfg.steps) steps on one process with cfg's global batch.
+
+    `watch(model, optimizer)`, when given (a failed check's replay, `divergence.Recorder`),
+    returns a recorder whose `end_step(step, clip_coef, params)` follows every step."""
     device = torch.device("cuda") if cfg.resolved_device() == "cuda" else torch.device("cpu")
     micro, _, global_size = cfg.batch_shape(world_size)
     model = build_model(cfg.model, cfg.seed).to(device)
@@ -37,6 +42,7 @@ def run_reference(cfg: RunConfig, world_size: int, steps: int | None = None) -> 
     )
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o, cfg.steps))
     dtype = autocast_dtype(cfg.precision)
+    recorder = watch(model, optimizer) if watch is not None else None
     rows = []
     for step in range(1, (steps or cfg.steps) + 1):
         batches = stream.micro_batches()
@@ -53,6 +59,9 @@ def run_reference(cfg: RunConfig, world_size: int, steps: int | None = None) -> 
             torch.nn.utils.clip_grads_with_norm_(params, cfg.clip.max_norm, norm)
         lr = float(schedule.get_last_lr()[0])
         optimizer.step()
+        if recorder is not None:
+            recorder.end_step(step, clip_coefficient(float(norm), cfg.clip.max_norm),
+                              {n: p.detach() for n, p in model.named_parameters()})  # fmt: skip
         optimizer.zero_grad(set_to_none=True)
         schedule.step()
         rows.append(

@@ -19,6 +19,8 @@ class CheckResult:
     logs: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     rank: int | None = None  # replicas: the rank whose replica departed
+    # after a failure: where in the model the runs part (`divergence_replay.Findings`)
+    forensics: dict | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -29,6 +31,7 @@ class CheckResult:
             "diagnosis": self.diagnosis,
             "rank": self.rank,
             "notes": self.notes,
+            "forensics": self.forensics,
             "logs": self.logs,
         }
 

@@ -1,0 +1,157 @@
+"""A failed check's replay on lockstep's reference job: both runs again, recorded
+(`divergence.Recorder`), compared (`divergence.first_difference`), and for the numeric
+checks (world-size, equivalence, accumulation) both sides once more in float64
+(`divergence.float64_verdict`). Collective, like the checks; every rank returns rank 0's
+findings. Nothing here runs unless a check has failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from lockstep.checks import divergence as dv
+from lockstep.checks.trajectory import Divergence
+
+# A side of a comparison: record(steps, dtype, out) -> (records, rows)
+Side = Callable[[int, "torch.dtype | None", Path], tuple[list[dv.StepRecord], list[dict]]]
+
+
+def trainer_side(cfg, record_from: int = 1) -> Side:
+    """cfg's run on the engine (a fresh Trainer: a resume config resumes), recorded from
+    step `record_from` on."""
+
+    def record(steps, dtype, out):
+        from lockstep.checks.harness import derive
+        from lockstep.train.trainer import Trainer
+
+        run = derive(cfg, checkpoint__at_end=False, checkpoint__every=0)
+        ctx = dv.default_dtype(dtype) if dtype is not None else contextlib.nullcontext()
+        with ctx:
+            trainer = Trainer(run, out)
+            recorder = None
+            try:
+                recorder = dv.Recorder(trainer.engine.module, trainer.engine.update_optimizer())
+                rows = []
+                while trainer.step < steps:
+                    recorder.on = trainer.step + 1 >= record_from
+                    m = trainer.train_step()
+                    rows.append(asdict(m))
+                    params = trainer.engine.full_parameters() if recorder.on else None
+                    recorder.end_step(m.step, m.clip_coef, params)
+            finally:
+                if recorder is not None:
+                    recorder.close()
+                trainer.close()
+        return recorder.records, rows
+
+    return record
+
+
+def reference_side(cfg, world_size: int) -> Side:
+    """The unsharded single-process reference (`reference.run_reference`), recorded."""
+
+    def record(steps, dtype, out):
+        from lockstep.checks.reference import run_reference
+
+        recorders = []
+
+        def watch(model, optimizer):
+            recorders.append(dv.Recorder(model, optimizer))
+            return recorders[-1]
+
+        ctx = dv.default_dtype(dtype) if dtype is not None else contextlib.nullcontext()
+        with ctx:
+            ref = run_reference(cfg, world_size, steps, watch=watch)
+        recorders[0].close()
+        return recorders[0].records, ref.steps
+
+    return record
+
+
+@dataclass
+class Findings:
+    parting: dv.Parting | None
+    verdict: dv.Verdict | None
+    reproduced: bool
+    lines: list[str]
+
+    def to_dict(self) -> dict:
+        return {
+            "parting": self.parting.to_dict() if self.parting else None,
+            "verdict": self.verdict.to_dict() if self.verdict else None,
+            "reproduced": self.reproduced,
+            "lines": self.lines,
+        }
+
+
+def _rank0(obj):
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _value(rows: list[dict], step: int, metric: str):
+    for r in rows:
+        if r["step"] == step:
+            return r.get(metric)
+    return None
+
+
+def investigate(
+    sides: dict[str, Side],
+    workdir: Path,
+    div: Divergence | None,
+    last_step: int,
+    rtol: float,
+    atol: float,
+    first_step: int = 1,
+    passes: tuple[str, ...] = dv.PASSES,
+    float64: bool = False,
+) -> Findings:
+    """Replay both sides to the diverging step (or `last_step` when only the final state
+    differed), name the first step, pass and module where they part; with `float64`, say
+    whether the difference is rounding noise."""
+    (a, side_a), (b, side_b) = sides.items()
+    step = div.step if div is not None and div.metric != "step" else last_step
+    lines: list[str] = []
+    rec_a, _ = side_a(step, None, workdir / "replay-a")
+    rec_b, _ = side_b(step, None, workdir / "replay-b")
+    parting = dv.first_difference(rec_a, rec_b, rtol, atol, range(first_step, step + 1), passes)
+    reproduced = parting is not None
+    if parting is not None:
+        lines.append(f"first parting: {parting.describe(a, b)}")
+    else:
+        lines.append(
+            f"the replay of steps {first_step}..{step} does not reproduce the difference "
+            f"({'bitwise' if rtol == atol == 0 else f'rtol={rtol:g}'}): every module's output, "
+            "gradient and update agree"
+        )
+    verdict = None
+    if float64 and div is not None and div.metric in ("loss", "grad_norm"):
+        try:
+            r64a, rows64a = side_a(step, torch.float64, workdir / "replay64-a")
+            r64b, rows64b = side_b(step, torch.float64, workdir / "replay64-b")
+        except Exception as exc:  # an engine without float64 (DeepSpeed): say so
+            verdict = dv.Verdict("unavailable", f"no float64 replay: {type(exc).__name__}")
+        else:
+            grads = None
+            ga = [r.backward for r in r64a if r.step == step]
+            gb = [r.backward for r in r64b if r.step == step]
+            if ga and gb and ga[0] and gb[0]:
+                grads = (ga[0], gb[0])
+            verdict = dv.float64_verdict(
+                div.metric,
+                (div.expected, div.actual),
+                (_value(rows64a, step, div.metric), _value(rows64b, step, div.metric)),
+                grads,
+            )
+        lines.append(f"float64 replay of step {step}: {verdict.text}")
+    return _rank0(Findings(parting, verdict, reproduced, lines))

@@ -1,0 +1,152 @@
+"""Where two runs part (`lockstep.checks.divergence`): the pure comparison and verdict, and
+planted divergences on the reference job (CPU/gloo, 2 ranks), each named at its module and
+pass; clean runs name no module."""
+
+import os
+from unittest import mock
+
+import pytest
+import torch
+
+from lockstep.checks import divergence as dv
+from lockstep.checks import harness
+from lockstep.train.config import from_dict
+
+BASE = {
+    "device": "cpu",
+    "steps": 2,
+    "optimizer": {"lr": 1e-2, "warmup_steps": 1},
+    "batch": {"micro_size": 4, "grad_accum": 1},
+    "logging": {"wandb": "disabled", "progress": False},
+}
+
+
+def config(engine="ddp", **fields):
+    return from_dict({**BASE, **fields, "engine": {"name": engine}})
+
+
+# ------------------------------------------------------------------------------------ pure
+
+
+def _rec(step, forward=(), backward=(), update=()):
+    return dv.StepRecord(step, list(forward), list(backward), list(update))
+
+
+def test_first_difference_names_step_pass_and_module():
+    x, y = torch.ones(4), torch.tensor([1.0, 1.0, 1.0, 1.0 + 1e-6])
+    a = [
+        _rec(1, [("l0#0", dv.digest(x))]),
+        _rec(2, [("l0#0", dv.digest(x))], [("w", dv.digest(x))]),
+    ]
+    b = [
+        _rec(1, [("l0#0", dv.digest(x))]),
+        _rec(2, [("l0#0", dv.digest(x))], [("w", dv.digest(y))]),
+    ]
+    found = dv.first_difference(a, b)
+    assert (found.step, found.pass_, found.name) == (2, "backward", "w")
+    assert dv.first_difference(a, b, rtol=1e-5) is None  # within tolerance
+    assert dv.first_difference(a, a) is None
+    assert "rtol" not in found.describe() and "bitwise" in found.describe()
+
+
+def test_common_factor_and_verdicts():
+    g = [("a", dv.digest(torch.randn(10))), ("b", dv.digest(torch.randn(3, 3)))]
+    doubled = [(n, d.scaled(2.0)) for n, d in g]
+    assert dv.common_factor(g, doubled) == pytest.approx(2.0)
+    one_off = [g[0], (g[1][0], dv.digest(torch.randn(3, 3)))]
+    assert dv.common_factor(g, one_off) is None
+    v = dv.float64_verdict("grad_norm", (1.0, 1.00003), (1.0, 1.0 + 1e-14))
+    assert v.kind == "noise", v.text
+    v = dv.float64_verdict("grad_norm", (1.0, 1.01), (1.0, 1.01))
+    assert v.kind == "dependence", v.text
+    v = dv.float64_verdict("loss", (1.0, 2.0), (1.0, 2.0), (g, doubled))
+    assert v.kind == "factor" and "2 times" in v.text
+
+
+# -------------------------------------------------------------------- planted, 2 ranks
+
+
+pytestmark_dist = pytest.mark.distributed(world_size=2)
+
+
+@pytestmark_dist
+def test_unseeded_dropout_named_in_forward(tmp_path):
+    from lockstep.train import trainer
+
+    build = trainer.build_model
+
+    def with_dropout(cfg, seed):
+        model = build(cfg, seed)
+        gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+
+        def drop(module, args, out):
+            keep = torch.rand(out[0].shape, generator=gen) > 0.1
+            return (out[0] * keep / 0.9, *out[1:])
+
+        model.transformer.h[1].attn.register_forward_hook(drop)
+        return model
+
+    with mock.patch.object(trainer, "build_model", with_dropout):
+        result = harness.check_determinism(config(), tmp_path)
+    assert not result.passed
+    part = result.forensics["parting"]
+    assert (part["step"], part["pass"], part["module"]) == (1, "forward", "transformer.h.1.attn")
+
+
+@pytestmark_dist
+def test_equivalence_names_layernorm_epsilon_and_grad_hook(tmp_path):
+    """FSDP with another LayerNorm epsilon (forward), then DDP with a gradient hook that
+    scales one parameter (backward)."""
+    from lockstep.train.engines import native
+
+    loss = native.causal_lm_loss
+
+    def eps_on_fsdp(model, batch):
+        if hasattr(model, "reshard"):
+            model.transformer.h[0].ln_2.eps = 1e-2
+        return loss(model, batch)
+
+    with mock.patch.object(native, "causal_lm_loss", eps_on_fsdp):
+        result = harness.check_equivalence(config(), tmp_path / "eps", engines=("ddp", "fsdp"))
+    assert not result.passed, result.summary
+    part = result.forensics["parting"]
+    assert (part["step"], part["pass"], part["module"]) == (1, "forward", "transformer.h.0.ln_2")
+    assert result.forensics["verdict"]["kind"] == "dependence", result.forensics
+
+    planted = set()
+
+    def hook_on_ddp(model, batch):
+        if not hasattr(model, "reshard") and id(model) not in planted:
+            planted.add(id(model))
+            model.module.transformer.h[1].mlp.c_fc.weight.register_hook(lambda g: g * 1.5)
+        return loss(model, batch)
+
+    with mock.patch.object(native, "causal_lm_loss", hook_on_ddp):
+        result = harness.check_equivalence(config(), tmp_path / "hook", engines=("ddp", "fsdp"))
+    assert not result.passed, result.summary
+    part = result.forensics["parting"]
+    assert (part["step"], part["pass"], part["name"]) == (
+        1,
+        "backward",
+        "transformer.h.1.mlp.c_fc.weight",
+    ), result.notes
+
+
+@pytestmark_dist
+def test_world_size_names_a_loss_normalisation_as_one_factor(tmp_path):
+    from lockstep.train.engines import native
+
+    loss = native.causal_lm_loss
+    with mock.patch.object(native, "causal_lm_loss", lambda m, b: loss(m, b) * 2):
+        result = harness.check_world_size(config(), tmp_path)
+    assert not result.passed
+    verdict = result.forensics["verdict"]
+    assert verdict["kind"] == "factor" and verdict["factor"] == pytest.approx(2.0), verdict
+    assert "normalisation" in result.diagnosis
+
+
+@pytestmark_dist
+def test_clean_runs_name_nothing(tmp_path):
+    for check in (harness.check_determinism, harness.check_world_size):
+        result = check(config(), tmp_path / check.__name__)
+        assert result.passed and result.forensics is None, result.summary
