@@ -19,12 +19,12 @@ def forkserver():
     import torch
 
     from lockstep.launch import forkserver_context
-    from lockstep.train.config import ENGINES, ModelConfig
-    from lockstep.train.engines import engine_modules
+    from lockstep.train.config import ModelConfig
+    from lockstep.train.engines import ENGINES, engine_modules
     from lockstep.train.model import model_modules
 
     gpu = torch.cuda.is_available()
-    engines = [e for e in ENGINES if not (gpu and e.startswith("zero"))]
+    engines = [e for e, spec in ENGINES.items() if not (gpu and "deepspeed" in spec.requires)]
     modules = ["lockstep.train.trainer", "lockstep.checks.harness", "transformers.trainer"]
     modules += [m for e in engines for m in engine_modules(e)] + model_modules(ModelConfig())
     saved = dict(os.environ)

@@ -15,11 +15,12 @@ import train_worker
 from lockstep.cli import main
 from lockstep.launch import run_local
 from lockstep.track import read as read_metrics
+from lockstep.train import engines
 from support.inprocess import run_main
 from support.once import once
 
 ROOT = Path(__file__).resolve().parents[2]
-ENGINES = ["ddp", "fsdp", "zero1", "zero2", "zero3"]
+ENGINES = list(engines.ENGINES)  # ddp first: the reference the others agree with
 QUIET = ['logging.wandb="disabled"', "logging.progress=false"]
 # 4 steps, 2 micro batches per step, clipping active, checkpoints at steps 2 and 4.
 RUN = ["steps=4", "checkpoint.every=2", "clip.max_norm=1.0", "batch.grad_accum=2", *QUIET]
