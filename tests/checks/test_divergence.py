@@ -150,3 +150,42 @@ def test_clean_runs_name_nothing(tmp_path):
     for check in (harness.check_determinism, harness.check_world_size):
         result = check(config(), tmp_path / check.__name__)
         assert result.passed and result.forensics is None, result.summary
+
+
+@pytestmark_dist
+def test_resume_that_loses_a_buffer_named_at_its_module(tmp_path):
+    """A module with a running buffer (persistent, in the checkpoint) that the resume does not
+    restore: the loaded parameters, optimizer, schedule, RNG and data all match, the next step's
+    output of that module does not."""
+    from lockstep.train import trainer
+    from lockstep.train.engines.native import NativeEngine
+
+    build, load = trainer.build_model, NativeEngine.load
+
+    def with_buffer(cfg, seed):
+        model = build(cfg, seed)
+        mlp = model.transformer.h[1].mlp
+        mlp.register_buffer("running", torch.zeros(()))
+
+        def shift(module, args, out):
+            with torch.no_grad():
+                module.running += 1
+            return out + 0.01 * module.running
+
+        mlp.register_forward_hook(shift)
+        return model
+
+    def forgetful(self, path, saved_world_size):
+        client = load(self, path, saved_world_size)
+        self.module.transformer.h[1].mlp.running.zero_()
+        return client
+
+    cfg = from_dict({**BASE, "steps": 4, "engine": {"name": "ddp"}})
+    with (
+        mock.patch.object(trainer, "build_model", with_buffer),
+        mock.patch.object(NativeEngine, "load", forgetful),
+    ):
+        result = harness.check_resume(cfg, tmp_path)
+    assert not result.passed
+    part = result.forensics["parting"]
+    assert (part["step"], part["pass"], part["module"]) == (3, "forward", "transformer.h.1.mlp")
