@@ -189,3 +189,17 @@ def test_resume_that_loses_a_buffer_named_at_its_module(tmp_path):
     assert not result.passed
     part = result.forensics["parting"]
     assert (part["step"], part["pass"], part["module"]) == (3, "forward", "transformer.h.1.mlp")
+
+
+def test_markdown_and_json_keep_the_findings():
+    from lockstep.checks.result import CheckResult
+
+    part = dv.Parting(
+        3, "forward", "h.1.mlp#0", dv.digest(torch.ones(2)), dv.digest(torch.zeros(2)), 0, 0
+    )
+    forensics = {"parting": part.to_dict(), "verdict": None, "reproduced": True, "lines": []}
+    failed = CheckResult("resume", False, "x", forensics=forensics)
+    text = dv.markdown([failed, CheckResult("determinism", True, "ok")])
+    assert "| resume | FAIL | 3 | forward | h.1.mlp#0 |" in text and "determinism" not in text
+    assert failed.to_dict()["forensics"]["parting"]["module"] == "h.1.mlp"
+    assert dv.markdown([CheckResult("determinism", True, "ok")]) == ""

@@ -104,6 +104,12 @@ def run_checks(args: argparse.Namespace) -> int:
     outcome = plans.run(request, _report)
     if not outcome.passed:
         print(f"runs and logs: {outcome.workdir}")
+    from lockstep.checks.divergence import markdown
+    from lockstep.redact import scrub_text
+    from lockstep.summary_md import step_summary
+
+    if section := markdown(outcome.results):
+        step_summary(scrub_text(section))
     if args.json:
         from lockstep.redact import redact_mapping
 
@@ -125,3 +131,5 @@ def _report(result) -> None:
     console.print(f"{mark} {escape(result.name)}: {summary}", markup=True)
     if result.diagnosis and not result.passed:
         console.print(f"     likely cause: {scrub_text(result.diagnosis)}", markup=False)
+    for line in (result.forensics or {}).get("lines", ()):
+        console.print(f"     {scrub_text(line)}", markup=False)

@@ -343,3 +343,24 @@ def default_dtype(dtype: torch.dtype):
         yield
     finally:
         torch.set_default_dtype(old)
+
+
+def markdown(results) -> str:
+    """The step summary's section for failed checks with forensics (`CheckResult`s): check,
+    step, pass, module, verdict. Empty when none has any."""
+    from lockstep.summary_md import md_cell
+
+    rows = [r for r in results if r.forensics]
+    if not rows:
+        return ""
+    out = ["### Where the runs part", "",
+           "| check | result | step | pass | module | noise or bug |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        part, verdict = r.forensics.get("parting") or {}, r.forensics.get("verdict") or {}
+        out.append(
+            "| " + " | ".join(md_cell(x) for x in (
+                r.name, "pass" if r.passed else "FAIL", part.get("step", "—"),
+                part.get("pass", "not reproduced"), part.get("name", "—"),
+                verdict.get("text", "—"))) + " |"
+        )  # fmt: skip
+    return "\n".join(out)
