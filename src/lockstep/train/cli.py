@@ -50,12 +50,31 @@ def run_train(args: argparse.Namespace) -> int:
         _check_before_start(cfg, args.nproc, out)
         print(f"lockstep: {_start_local_ranks(cfg, args.nproc, out)}")
         return 0
+    _share_cores(cfg, info)
     from lockstep.train.trainer import run_training
 
     result = run_training(cfg, out)  # checks the config itself; rank 0 verifies the checkpoint
     if info.rank == 0:
         print(f"lockstep: {result.summary()}")
     return EXIT_FAIL if result.stopped_by else 0
+
+
+def _share_cores(cfg, info) -> None:
+    """Under srun or mpirun, which set no OMP_NUM_THREADS, give each rank the share of the
+    node's cores that `--nproc` ranks get (torchrun sets OMP_NUM_THREADS itself). torch's
+    default is every core per rank: on CPU the intra-op thread count changes the float sums,
+    so `srun -N4 --ntasks-per-node 2` ended with another parameter digest than torchrun and
+    `--nproc 8` on the same global batch (and oversubscribed the node)."""
+    import os
+
+    from lockstep.launch import rank_environment
+
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    rank_environment(cfg.resolved_device(), info.local_world_size or 1)
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def _check_before_start(cfg, world_size: int, out_dir: Path) -> None:
