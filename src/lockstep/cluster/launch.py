@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -82,3 +85,35 @@ def torchrun(
         extra=extra,
     )
     return bed.wait_all(procs, timeout)
+
+
+def agent_pid(agent: NodeProcess) -> int | None:
+    """Host pid of the torchrun agent that `start_torchrun` started on a node (the child of its
+    `nsenter`, which execs setpriv, then torchrun), or None once it has exited."""
+    from lockstep.cluster.bed import _children
+
+    kids = _children(agent.pid)
+    return kids[0] if kids else None
+
+
+def worker_pids(agent: NodeProcess) -> list[int]:
+    """Host pids of the agent's worker processes (its children: one per local rank)."""
+    from lockstep.cluster.bed import _children
+
+    pid = agent_pid(agent)
+    return _children(pid) if pid is not None else []
+
+
+def kill_workers(agent: NodeProcess, sig: int = signal.SIGKILL) -> list[int]:
+    """Kill a node's worker processes and everything they started, not its agent (a rank that
+    crashes, or the OOM killer): the agent sees them fail and, with restarts left, restarts
+    every node's workers. Returns the workers' pids; BedError when the agent has none."""
+    from lockstep.cluster.bed import BedError, _descendants
+
+    workers = worker_pids(agent)
+    if not workers:
+        raise BedError(f"{agent.node}: the torchrun agent has no worker process to kill")
+    for pid in [p for w in workers for p in _descendants(w)] + workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+    return workers
