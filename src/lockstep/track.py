@@ -7,7 +7,8 @@
   replaced by its rank;
 - `LOCKSTEP_MAX_STEPS`: stop after that optimizer step, leaving a checkpoint;
 - `LOCKSTEP_CHECKPOINT_DIR`: where checkpoints go;
-- `LOCKSTEP_RESUME`: `1` to resume from the latest checkpoint there, else `0`.
+- `LOCKSTEP_RESUME`: `1` to resume from the latest checkpoint there, else `0`;
+- `LOCKSTEP_DTYPE`: `float64` only in the replay of a failed world-size check (`replay_dtype`).
 
 `log(step, loss=..., grad_norm=..., lr=..., model=model)` writes those lines and forwards
 them to wandb (rank 0) when a run is active. Outside a check, with LOCKSTEP_METRICS unset,
@@ -80,8 +81,25 @@ class Protocol:
         return Path(str(self.metrics).replace(RANK_PLACEHOLDER, str(rank)))
 
 
+REPLAY_DTYPE = "LOCKSTEP_DTYPE"  # "float64": a failed numeric check's replay (`replay_dtype`)
+
+
+def replay_dtype() -> str | None:
+    """ "float64" when lockstep replays this run in float64 to tell rounding noise from a
+    real difference (world-size check); `protocol()` then makes float64 torch's default
+    dtype, so a model and data built after it are float64. A script that casts explicitly
+    (`.float()`, `dtype=torch.float32`) should use this dtype instead."""
+    dtype = os.environ.get(REPLAY_DTYPE) or None
+    if dtype == "float64":
+        import torch
+
+        torch.set_default_dtype(torch.float64)
+    return dtype
+
+
 def protocol() -> Protocol:
     env = os.environ
+    replay_dtype()
     return Protocol(
         metrics=Path(env["LOCKSTEP_METRICS"]) if env.get("LOCKSTEP_METRICS") else None,
         max_steps=int(env["LOCKSTEP_MAX_STEPS"]) if env.get("LOCKSTEP_MAX_STEPS") else None,

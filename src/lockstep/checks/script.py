@@ -81,6 +81,7 @@ class ScriptRunner:
         resume: bool = False,
         reuse: bool = True,
         per_rank: bool = False,
+        dtype: str | None = None,
     ) -> list[dict] | dict[int, list[dict]]:
         """One launch; returns the metrics rank 0 wrote (`per_rank`: {rank: metrics}, every
         rank writing its own file). A failed launch is bad input.
@@ -90,7 +91,7 @@ class ScriptRunner:
         launch (determinism needs two).
         """
         key = (nproc, max_steps)
-        fresh = checkpoint_dir is None and not resume and not per_rank
+        fresh = checkpoint_dir is None and not resume and not per_rank and dtype is None
         if fresh and reuse and key in self._fresh:
             return self._fresh[key]
         run_dir = self.workdir / name
@@ -102,6 +103,8 @@ class ScriptRunner:
         protocol = Protocol(metrics, max_steps, checkpoint_dir, resume)
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
+        if dtype is not None:  # a replay (`track.replay_dtype`)
+            env["LOCKSTEP_DTYPE"] = dtype
         log = run_dir / "run.log"
         self.logs[name] = str(log)
         done = self.script.launch(nproc, protocol, log, env=env)
@@ -288,28 +291,82 @@ def check_world_size(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: fl
     runs = {n: runner.run(f"world-size-{n}", nproc=n, max_steps=steps) for n in sizes}
     base = sizes[0]
     _require_steps(runs[base], steps, f"world-size-{base}")
+    noise: list[dict] = []  # differences a float64 replay showed to be rounding
     for n in sizes[1:]:
         div = first_divergence(
             runs[base], runs[n], metrics=("loss", "grad_norm"), rtol=rtol, atol=atol
         )
-        if div is not None:
-            return CheckResult(
-                "world-size",
-                False,
-                f"{base} and {n} ranks diverge at {div.describe(f'{base}ranks', f'{n}ranks')}",
-                divergence=div,
-                diagnosis="a rank-local computation: clipping or a norm on a local shard, "
-                "a loss or batch that depends on the world size, or per-rank randomness",
-                logs=runner.logs,
-                notes=runner.take_notes(),
-            )
+        if div is None:
+            continue
+        where = div.describe(f"{base}ranks", f"{n}ranks")
+        verdict = _float64_replay(runner, div, base, n)
+        forensics = {
+            "parting": None,
+            "verdict": verdict.to_dict(),
+            "reproduced": None,
+            "lines": [f"float64 replay of step {div.step}: {verdict.text}"],
+        }
+        if verdict.kind == "noise":
+            runner.note(f"{base} and {n} ranks differ at {where}: {verdict.text}")
+            noise.append(forensics)
+            continue
+        diagnosis = "a rank-local computation: clipping or a norm on a local shard, a loss or "
+        diagnosis += "batch that depends on the world size, or per-rank randomness"
+        if verdict.kind in ("factor", "dependence"):
+            diagnosis = f"{verdict.text}; {diagnosis}"
+        return CheckResult(
+            "world-size",
+            False,
+            f"{base} and {n} ranks diverge at {where}",
+            divergence=div,
+            diagnosis=diagnosis,
+            logs=runner.logs,
+            notes=runner.take_notes(),
+            forensics=forensics,
+        )
+    said = ", apart from rounding noise (float64 replay)" if noise else ""
     return CheckResult(
         "world-size",
         True,
-        f"{steps} steps agree on {', '.join(map(str, sizes))} ranks {tolerance(rtol, atol)}",
+        f"{steps} steps agree on {', '.join(map(str, sizes))} ranks {tolerance(rtol, atol)}{said}",
         logs=runner.logs,
         notes=runner.take_notes(),
+        forensics=noise[0] if noise else None,
     )
+
+
+def _float64_replay(runner: ScriptRunner, div: Divergence, base: int, n: int):
+    """Both world sizes again to the diverging step with LOCKSTEP_DTYPE=float64: rounding
+    noise shrinks by orders of magnitude, a real dependence does not; loss and gradient norm
+    off by one common ratio are named as a normalisation."""
+    from lockstep.checks import divergence as dv
+
+    if div.metric not in ("loss", "grad_norm") or not isinstance(div.expected, float):
+        return dv.Verdict("unavailable", f"no float64 replay for {div.metric}")
+    runs = {
+        m: by_step(
+            runner.run(f"world-size-{m}-float64", nproc=m, max_steps=div.step, dtype="float64")
+        )
+        for m in (base, n)
+    }
+    a, b = runs[base].get(div.step, {}), runs[n].get(div.step, {})
+    verdict = dv.float64_verdict(
+        div.metric, (div.expected, div.actual), (a.get(div.metric), b.get(div.metric))
+    )
+    if verdict.kind == "dependence" and all(
+        isinstance(x.get(k), float) and x.get(k) for x in (a, b) for k in ("loss", "grad_norm")
+    ):
+        ratios = [b[k] / a[k] for k in ("loss", "grad_norm")]
+        if abs(ratios[0] - ratios[1]) <= 1e-9 * abs(ratios[0]):
+            return dv.Verdict(
+                "factor",
+                f"a normalisation bug: in a float64 replay the loss and the gradient norm on "
+                f"{n} ranks are both {ratios[0]:.6g} times those on {base} (one common factor)",
+                verdict.rel32,
+                verdict.rel64,
+                ratios[0],
+            )
+    return verdict
 
 
 def check_replicas(runner: ScriptRunner, asked: Runs) -> CheckResult:
