@@ -16,6 +16,7 @@ one common factor are named as a normalisation.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 from dataclasses import asdict, dataclass, field
@@ -48,13 +49,18 @@ class Digest:
         return f"norm {self.norm:.9g}, sum {self.sum:.9g}, max|x| {self.absmax:.6g}"
 
 
+@functools.lru_cache(maxsize=64)
+def _weights(n: int) -> torch.Tensor:
+    return torch.arange(n, dtype=torch.float64).mul_(GOLDEN).frac_().sub_(0.5)
+
+
 def digest(t: torch.Tensor) -> Digest:
     if hasattr(t, "full_tensor"):  # a DTensor (FSDP2): the full value (collective)
         t = t.full_tensor()
     t = t.detach()
     raw = (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).cpu().contiguous()
     x = raw.to(torch.float64).flatten()
-    w = torch.arange(x.numel(), dtype=torch.float64).mul_(GOLDEN).frac_().sub_(0.5)
+    w = _weights(x.numel())
     return Digest(
         x.numel(),
         float(x.sum()),

@@ -28,8 +28,12 @@ def trainer_side(cfg, record_from: int = 1) -> Side:
 
     def record(steps, dtype, out):
         from lockstep.checks.harness import derive
+        from lockstep.train.engines import ENGINES
         from lockstep.train.trainer import Trainer
 
+        if dtype is not None and ENGINES[cfg.engine.name].zero_stage is not None:
+            # every rank raises alike, before any collective: the verdict says unavailable
+            raise NotImplementedError(f"{cfg.engine.name} keeps fp32 master weights")
         run = derive(cfg, checkpoint__at_end=False, checkpoint__every=0)
         ctx = dv.default_dtype(dtype) if dtype is not None else contextlib.nullcontext()
         with ctx:
