@@ -194,10 +194,48 @@ def metrics_path(rank: int | None = None) -> str | None:
     return path if rank == 0 else None
 
 
+WATCH = "LOCKSTEP_WATCH"  # a JSONL path ({rank}): the module digests of a failed check's replay
+_watched: list = []  # (model, Recorder, path) of `watch`
+
+
+def watch(model) -> None:
+    """Let a failed check name the module where two runs part (docs/forensics.md): call it
+    once with the model, before training. A no-op unless lockstep replays the run with
+    LOCKSTEP_WATCH set; then every `log` writes this rank's per-module digests (forward
+    outputs, the gradients present at the call, the parameters) to that file."""
+    path = os.environ.get(WATCH)
+    if not path:
+        return
+    from lockstep.checks.divergence import Recorder
+
+    rank = os.environ.get("RANK", "0")
+    _watched.append((model, Recorder(model), Path(path.replace(RANK_PLACEHOLDER, rank))))
+
+
+def _write_watched(step: int) -> None:
+    from dataclasses import asdict
+
+    from lockstep.checks.divergence import digest
+
+    for model, recorder, path in _watched:
+        named = list(model.named_parameters())
+        recorder.grads = [(n, digest(p.grad)) for n, p in named if p.grad is not None]
+        recorder.end_step(step, 1.0, {n: p for n, p in named})
+        record = recorder.records.pop()
+        line = {"step": record.step} | {
+            pass_: [[n, asdict(d)] for n, d in getattr(record, pass_)]
+            for pass_ in ("forward", "backward", "update")
+        }
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(line) + "\n")
+
+
 def log(step: int, *, model=None, **metrics) -> None:
     """Record one optimizer step's metrics: rank 0 writes (every rank, when LOCKSTEP_METRICS
     holds `{rank}`); other ranks return at once. `model=` adds this rank's `param_digest`
     and `buffer_digest`; `time` (unix seconds, now) is added unless given."""
+    if _watched:
+        _write_watched(int(step))
     rank = _rank()
     path = metrics_path(rank)
     if rank != 0 and path is None:

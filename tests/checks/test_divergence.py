@@ -90,7 +90,7 @@ def test_unseeded_dropout_named_in_forward(tmp_path):
         result = harness.check_determinism(config(), tmp_path)
     assert not result.passed
     part = result.forensics["parting"]
-    assert (part["step"], part["pass"], part["module"]) == (1, "forward", "transformer.h.1.attn")
+    assert (part["step"], part["phase"], part["module"]) == (1, "forward", "transformer.h.1.attn")
 
 
 @pytestmark_dist
@@ -110,7 +110,7 @@ def test_equivalence_names_layernorm_epsilon_and_grad_hook(tmp_path):
         result = harness.check_equivalence(config(), tmp_path / "eps", engines=("ddp", "fsdp"))
     assert not result.passed, result.summary
     part = result.forensics["parting"]
-    assert (part["step"], part["pass"], part["module"]) == (1, "forward", "transformer.h.0.ln_2")
+    assert (part["step"], part["phase"], part["module"]) == (1, "forward", "transformer.h.0.ln_2")
     assert result.forensics["verdict"]["kind"] == "dependence", result.forensics
 
     planted = set()
@@ -125,7 +125,7 @@ def test_equivalence_names_layernorm_epsilon_and_grad_hook(tmp_path):
         result = harness.check_equivalence(config(), tmp_path / "hook", engines=("ddp", "fsdp"))
     assert not result.passed, result.summary
     part = result.forensics["parting"]
-    assert (part["step"], part["pass"], part["name"]) == (
+    assert (part["step"], part["phase"], part["name"]) == (
         1,
         "backward",
         "transformer.h.1.mlp.c_fc.weight",
@@ -188,7 +188,7 @@ def test_resume_that_loses_a_buffer_named_at_its_module(tmp_path):
         result = harness.check_resume(cfg, tmp_path)
     assert not result.passed
     part = result.forensics["parting"]
-    assert (part["step"], part["pass"], part["module"]) == (3, "forward", "transformer.h.1.mlp")
+    assert (part["step"], part["phase"], part["module"]) == (3, "forward", "transformer.h.1.mlp")
 
 
 def test_markdown_and_json_keep_the_findings():

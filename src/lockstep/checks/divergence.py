@@ -131,7 +131,7 @@ class Parting:
     def to_dict(self) -> dict:
         return {
             "step": self.step,
-            "pass": self.pass_,
+            "phase": self.pass_,  # not "pass": redaction takes it for a password
             "module": self.module,
             "name": self.name,
             "expected": asdict(self.expected) if self.expected else None,
@@ -360,13 +360,13 @@ def markdown(results) -> str:
     if not rows:
         return ""
     out = ["### Where the runs part", "",
-           "| check | result | step | pass | module | noise or bug |", "|---|---|---|---|---|---|"]  # fmt: skip
+           "| check | result | step | phase | module | noise or bug |", "|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         part, verdict = r.forensics.get("parting") or {}, r.forensics.get("verdict") or {}
         out.append(
             "| " + " | ".join(md_cell(x) for x in (
                 r.name, "pass" if r.passed else "FAIL", part.get("step", "—"),
-                part.get("pass", "not reproduced"), part.get("name", "—"),
+                part.get("phase", "not reproduced"), part.get("name", "—"),
                 verdict.get("text", "—"))) + " |"
         )  # fmt: skip
     return "\n".join(out)

@@ -82,6 +82,7 @@ class ScriptRunner:
         reuse: bool = True,
         per_rank: bool = False,
         dtype: str | None = None,
+        watch: Path | None = None,
     ) -> list[dict] | dict[int, list[dict]]:
         """One launch; returns the metrics rank 0 wrote (`per_rank`: {rank: metrics}, every
         rank writing its own file). A failed launch is bad input.
@@ -92,6 +93,7 @@ class ScriptRunner:
         """
         key = (nproc, max_steps)
         fresh = checkpoint_dir is None and not resume and not per_rank and dtype is None
+        fresh = fresh and watch is None
         if fresh and reuse and key in self._fresh:
             return self._fresh[key]
         run_dir = self.workdir / name
@@ -105,6 +107,8 @@ class ScriptRunner:
         env.setdefault("OMP_NUM_THREADS", "1")
         if dtype is not None:  # a replay (`track.replay_dtype`)
             env["LOCKSTEP_DTYPE"] = dtype
+        if watch is not None:  # a replay recording modules (`track.watch`)
+            env["LOCKSTEP_WATCH"] = str(watch)
         log = run_dir / "run.log"
         self.logs[name] = str(log)
         done = self.script.launch(nproc, protocol, log, env=env)
@@ -175,6 +179,7 @@ def check_determinism(
             logs=runner.logs,
             notes=runner.take_notes(),
         )
+    forensics = _module_replay(runner, div.step, nproc, rtol, atol)
     return CheckResult(
         "determinism",
         False,
@@ -183,8 +188,53 @@ def check_determinism(
         diagnosis="something is unseeded or nondeterministic: data order, sampling, init, "
         "or a nondeterministic kernel",
         logs=runner.logs,
-        notes=runner.take_notes(),
+        notes=runner.take_notes() + forensics["lines"],
+        forensics=forensics,
     )
+
+
+def _read_watched(path: Path) -> list:
+    import json
+
+    from lockstep.checks import divergence as dv
+
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        raw = json.loads(line)
+        passes = {p: [(n, dv.Digest(**d)) for n, d in raw.get(p, [])] for p in dv.PASSES}
+        records.append(dv.StepRecord(int(raw["step"]), **passes))
+    return records
+
+
+def _module_replay(runner: ScriptRunner, step: int, nproc: int, rtol: float, atol: float):
+    """Two more runs to `step` with LOCKSTEP_WATCH set: a script that calls
+    `lockstep.track.watch(model)` writes per-module digests, compared here (rank 0's)."""
+    from lockstep.checks import divergence as dv
+
+    found = []
+    for i in (1, 2):
+        path = runner.workdir / f"determinism-watch-{i}" / "modules-{rank}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for old in path.parent.glob("modules-*.jsonl"):
+            old.unlink()
+        runner.run(f"determinism-watch-{i}", nproc=nproc, max_steps=step, watch=path)
+        found.append(_read_watched(Path(str(path).replace("{rank}", "0"))))
+    if not found[0] or not found[1]:
+        line = "no module named: the script does not call lockstep.track.watch(model)"
+        return {"parting": None, "verdict": None, "reproduced": None, "lines": [line]}
+    parting = dv.first_difference(found[0], found[1], rtol, atol, range(1, step + 1))
+    if parting is None:
+        line = f"the replay of steps 1..{step} does not reproduce the difference"
+    else:
+        line = f"first parting: {parting.describe('run1', 'run2')}"
+    return {
+        "parting": parting.to_dict() if parting else None,
+        "verdict": None,
+        "reproduced": parting is not None,
+        "lines": [line],
+    }
 
 
 def check_resume(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float) -> CheckResult:
