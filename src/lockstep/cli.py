@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "lockstep.train.cli",
     "lockstep.checks.cli",
     "lockstep.gate.cli",
+    "lockstep.forensics.cli",
 ]
 
 

@@ -115,7 +115,7 @@ class ScriptRunner:
         if done.code is None:
             raise RankTimeout(
                 f"run '{name}' ({nproc} ranks) did not finish within {self.timeout:.0f} s "
-                f"and was killed; log: {log}"
+                f"and was killed; log: {log}{done.hang_report()}"
             )
         zero_path = protocol.metrics_of(0)
         zero = self._read(name, zero_path, max_steps, None) if zero_path.is_file() else []

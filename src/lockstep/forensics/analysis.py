@@ -34,9 +34,9 @@ class Group:
     def describe(self) -> str:
         if self.op == NOT_REACHED:
             return "no collective pending (in Python)"
-        sizes = f"in {_sizes(self.input_sizes, self.input_dtypes)}"
+        sizes = f"in {sizes_text(self.input_sizes, self.input_dtypes)}"
         if self.output_sizes and self.output_sizes != self.input_sizes:
-            sizes += f", out {_sizes(self.output_sizes, self.output_dtypes)}"
+            sizes += f", out {sizes_text(self.output_sizes, self.output_dtypes)}"
         return f"{self.op} ({sizes})"
 
 
@@ -64,12 +64,12 @@ class Report:
         for f in self.findings:
             out.append(f"{f.headline} (process group {f.process_group})")
             for g in f.groups:
-                out.append(f"  {_ranks(g.ranks)}: {g.describe()}")
+                out.append(f"  {ranks_text(g.ranks)}: {g.describe()}")
             for rank, stack in sorted(f.stacks.items()):
                 out.append(f"  rank {rank}'s Python stack:")
                 out.extend(f"    {ln}" for ln in stack.splitlines())
         if self.no_dump:
-            out.append(f"no dump from {_ranks(self.no_dump)} (dead, or never answered)")
+            out.append(f"no dump from {ranks_text(self.no_dump)} (dead, or never answered)")
         if not self.findings:
             out.append("no collective out of step in the dumps")
         out.extend(f"unread: {p}" for p in self.problems)
@@ -105,7 +105,7 @@ def analyse(dumps: dict[int, dict], *, stacks: dict[int, str] | None = None,
             findings.append(found)
     if no_dump and findings:
         for f in findings:
-            f.headline += f"; no dump from {_ranks(no_dump)}"
+            f.headline += f"; no dump from {ranks_text(no_dump)}"
     versions = {r: str(d.get("version", "unknown")) for r, d in sorted(dumps.items())}
     return Report(findings, no_dump, versions, problems or [])
 
@@ -162,9 +162,12 @@ def _signature(entry: dict) -> tuple:
 
 def _finding(name: str, views: dict[int, _RankView]) -> Finding | None:
     fronts = {r: (v.pending() or v.last + 1) for r, v in views.items()}
-    if not any(v.pending() for v in views.values()):
-        return None  # nobody waits in this group
     seq = min(fronts.values())
+    parted = _first_disagreement(views, min(v.last for v in views.values()) + 1)
+    if parted is not None:
+        seq = parted  # the first collective the ranks did not agree on, pending or not
+    elif not any(v.pending() for v in views.values()):
+        return None  # nobody waits in this group, and every collective agreed
     by_sig: dict[tuple, list[int]] = {}
     entry_of: dict[tuple, dict] = {}
     for rank, view in sorted(views.items()):
@@ -188,7 +191,7 @@ def _finding(name: str, views: dict[int, _RankView]) -> Finding | None:
     if len(groups) == 1:
         g = groups[0]
         return Finding(name, seq, groups, [], g.ranks,
-                       f"{_ranks(g.ranks)} wait in {g.op} #{seq}", "all waiting")  # fmt: skip
+                       f"{ranks_text(g.ranks)} {_verb('wait in', g)} {g.op} #{seq}", "all waiting")  # fmt: skip
     predicted = _predicted(views, seq)
     major = _majority(groups, predicted)
     odd = sorted(r for g in groups if g is not major for r in g.ranks)
@@ -202,26 +205,53 @@ def _finding(name: str, views: dict[int, _RankView]) -> Finding | None:
     for g in minors:
         if g.op == NOT_REACHED:
             last = max(views[r].last for r in g.ranks)
-            parts.append(f"{_ranks(g.ranks)} never reached #{seq} (last collective #{last}, "
+            parts.append(f"{ranks_text(g.ranks)} never reached #{seq} (last collective #{last}, "
                          "none pending: in Python)")  # fmt: skip
             kinds.append("in Python")
         elif g.op == major.op:
-            parts.append(f"{_ranks(g.ranks)} entered {g.op} #{seq} with "
-                         f"{_sizes(g.input_sizes, g.input_dtypes)}")  # fmt: skip
+            parts.append(f"{ranks_text(g.ranks)} entered {g.op} #{seq} with "
+                         f"{sizes_text(g.input_sizes, g.input_dtypes)}")  # fmt: skip
             kinds.append("sizes differ")
-            where = f"{verb} {major.op} #{seq} with {_sizes(major.input_sizes, major.input_dtypes)}"
+            where = (
+                f"{verb} {major.op} #{seq} with {sizes_text(major.input_sizes, major.input_dtypes)}"
+            )
         elif predicted and predicted[0] == major.op and predicted[1] == g.op:
-            parts.append(f"{_ranks(g.ranks)} skipped {major.op} #{seq}: entered {g.op}, "
+            parts.append(f"{ranks_text(g.ranks)} skipped {major.op} #{seq}: entered {g.op}, "
                          "the collective after it")  # fmt: skip
             kinds.append("skipped")
         else:
-            parts.append(f"{_ranks(g.ranks)} entered {g.op} #{seq}")
+            parts.append(f"{ranks_text(g.ranks)} entered {g.op} #{seq}")
             kinds.append("different collective")
-    headline = f"{'; '.join(parts)} while {_ranks(major.ranks)} {where}"
+    headline = f"{'; '.join(parts)} while {ranks_text(major.ranks)} {_verb(where, major)}"
     if len(major.ranks) == len(odd) and not _broke_tie(groups, major, predicted):
-        headline += " (no majority: out of step with each other)"
+        each = "; ".join(f"{ranks_text(g.ranks)}: {g.describe()}" for g in groups)
+        headline = f"no majority at #{seq}, out of step with each other: {each}"
         odd = sorted(views)
     return Finding(name, seq, groups, odd, major.ranks, headline, ", ".join(dict.fromkeys(kinds)))
+
+
+def _first_disagreement(views: dict[int, _RankView], before: int) -> int | None:
+    """The first sequence number below `before` whose entries differ between ranks (sizes
+    that differ but fit, which gloo lets through; a rank's status can lag behind its entries),
+    among those every rank still holds."""
+    if len(views) < 2:
+        return None
+    start = max(min(v.entries) for v in views.values())
+    for s in range(start, before):
+        sigs = {_signature(v.entries[s]) for v in views.values() if s in v.entries}
+        if len(sigs) > 1:
+            return s
+    return None
+
+
+def _verb(where: str, group: Group) -> str:
+    """`where` for one rank: "waits in", "has"."""
+    if len(group.ranks) != 1:
+        return where
+    for plural, single in (("wait in", "waits in"), ("have ", "has "), ("entered", "entered")):
+        if where.startswith(plural):
+            return single + where[len(plural) :]
+    return where
 
 
 def _predicted(views: dict[int, _RankView], seq: int) -> tuple[str, str | None] | None:
@@ -268,21 +298,23 @@ def _broke_tie(groups, major, predicted) -> bool:
 
 
 def _main_stack(text: str) -> str:
-    """faulthandler's dump without the recorder's own thread: the blocks of other threads,
-    the main thread first, at most 20 lines."""
-    blocks = [b for b in text.split("\n\n") if b.strip() and "lockstep/forensics" not in b]
-    blocks = [b for b in blocks if not b.startswith("# ")] or blocks
-    lines = [ln for b in blocks for ln in b.strip().splitlines() if not ln.startswith("# ")]
+    """faulthandler's dump without the recorder's own thread and frames, at most 20 lines."""
+    blocks = [b for b in text.split("\n\n") if b.strip() and "in _watch" not in b]
+    blocks = [b for b in blocks if "excepthook" not in b] or blocks  # the Traceback says it
+    lines = [
+        ln for b in blocks for ln in b.strip().splitlines()
+        if not ln.startswith("# ") and "lockstep/forensics" not in ln
+    ]  # fmt: skip
     return "\n".join(lines[:20])
 
 
-def _sizes(sizes, dtypes) -> str:
+def sizes_text(sizes, dtypes) -> str:
     shapes = ", ".join(str(list(s)) for s in (sizes or []))
     types = ", ".join(sorted(set(dtypes or [])))
     return f"{shapes} {types}".strip()
 
 
-def _ranks(ranks: list[int]) -> str:
+def ranks_text(ranks: list[int]) -> str:
     ranks = sorted(ranks)
     if len(ranks) == 1:
         return f"rank {ranks[0]}"

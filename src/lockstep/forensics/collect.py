@@ -28,7 +28,7 @@ def environ(env: dict, folder: Path) -> dict:
     return out
 
 
-def request(folder: Path, nproc: int, wait: float = 3.0) -> list[int]:
+def request(folder: Path, nproc: int, wait: float = 5.0) -> list[int]:
     """Ask the ranks recording into `folder` for their dumps and wait up to `wait` seconds for
     `nproc` of them; the ranks that answered."""
     (folder / TRIGGER).touch()
@@ -41,4 +41,5 @@ def request(folder: Path, nproc: int, wait: float = 3.0) -> list[int]:
 
 
 def answered_ranks(folder: Path) -> list[int]:
-    return sorted(int(p.name[5:]) for p in folder.glob("rank_*") if p.name[5:].isdigit())
+    """The ranks that wrote their stacks (the last file a dump writes)."""
+    return sorted(int(p.name[5:-7]) for p in folder.glob("rank_*.stacks") if p.name[5:-7].isdigit())

@@ -10,44 +10,64 @@ own report. Standard library only at import time; torch is imported when a dump 
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 import threading
 import time
 
+from lockstep import compat  # imports no torch
+
 DIR_ENV = "LOCKSTEP_FR_DIR"
 TRIGGER = "dump.request"
 POLL_S = 0.2
 _installed: list[str] = []
+_crashed: list[str] = []
+_dumped: list[str] = []
 
 
 def _rank() -> str:
     return os.environ.get("RANK", str(os.getpid()))
 
 
-def dump(folder: str, why: str) -> None:
-    """Write this rank's flight recorder and Python stacks into `folder` (never raises)."""
+def _imported(name: str) -> bool:
+    """`name` is fully imported (the main thread may hold its import lock mid-import)."""
+    module = sys.modules.get(name)
+    spec = getattr(module, "__spec__", None)
+    return module is not None and not getattr(spec, "_initializing", False)
+
+
+def dump(folder: str, why: str, exc=None) -> None:
+    """Write this rank's flight recorder (first: a rank may be killed soon after), then its
+    Python stacks, into `folder`; never raises. A rank still importing torch has no recorder
+    to dump (and the import lock is its main thread's): stacks only."""
     import faulthandler
 
     rank = _rank()
+    _dumped.append(why)
+    data = None
+    if _imported("torch") and _imported("torch.distributed"):
+        try:
+            data = compat.dump_flight_recorder()
+        except Exception:  # no process group, or a torch without the recorder
+            data = None
+    if data is not None:
+        tmp = os.path.join(folder, f".rank_{rank}.tmp")
+        try:
+            with open(tmp, "wb") as out:
+                out.write(data)
+            os.replace(tmp, os.path.join(folder, f"rank_{rank}"))
+        except OSError:
+            pass
     try:
         with open(os.path.join(folder, f"rank_{rank}.stacks"), "w") as out:
             out.write(f"# {why}\n")
+            if exc is not None:  # the exception's own stack: the main thread is in a hook now
+                import traceback
+
+                out.write("".join(traceback.format_exception(*exc)) + "\n")
             out.flush()
             faulthandler.dump_traceback(out, all_threads=True)
-    except OSError:
-        pass
-    try:
-        from lockstep import compat
-
-        data = compat.dump_flight_recorder()
-    except Exception:  # no process group, or a torch without the recorder
-        return
-    tmp = os.path.join(folder, f".rank_{rank}.tmp")
-    try:
-        with open(tmp, "wb") as out:
-            out.write(data)
-        os.replace(tmp, os.path.join(folder, f"rank_{rank}"))
     except OSError:
         pass
 
@@ -56,7 +76,30 @@ def _watch(folder: str) -> None:
     trigger = os.path.join(folder, TRIGGER)
     while not os.path.exists(trigger):
         time.sleep(POLL_S)
-    dump(folder, "lockstep asked (the run timed out)")
+    if not _crashed:
+        dump(folder, "asked (the run timed out, or another rank crashed)")
+
+
+def crash_dump(folder: str, why: str, exc=None, wait: float = 3.0) -> None:
+    """This rank is crashing: dump, ask every other rank for its dump (they are still alive,
+    blocked where the crash left them, until the launcher stops them) and wait up to `wait`
+    seconds for them (WORLD_SIZE) before this rank's exit makes the launcher kill them."""
+    _crashed.append(why)
+    dump(folder, why, exc)
+    try:
+        open(os.path.join(folder, TRIGGER), "a").close()
+    except OSError:
+        return
+    world = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        try:
+            done = sum(name.endswith(".stacks") for name in os.listdir(folder))
+        except OSError:
+            return
+        if done >= world:
+            return
+        time.sleep(0.05)
 
 
 def install(folder: str) -> None:
@@ -69,10 +112,31 @@ def install(folder: str) -> None:
 
     def hook(kind, value, tb):
         if not issubclass(kind, KeyboardInterrupt | SystemExit):
-            dump(folder, f"uncaught {kind.__name__}: {value}"[:500])
+            crash_dump(folder, f"uncaught {kind.__name__}: {value}"[:500], (kind, value, tb))
         previous(kind, value, tb)
 
     sys.excepthook = hook
+    atexit.register(_at_exit, folder)
+
+
+def _at_exit(folder: str) -> None:
+    """A rank that ends, even cleanly, leaves its record: a mismatch gloo did not stop (sizes
+    that differ, but fit) shows only when the ranks' records are compared."""
+    if not _crashed and not _dumped:
+        dump(folder, "at exit")
+
+
+def finished() -> None:
+    """The rank's function returned (a forked rank, which ends without atexit)."""
+    if _installed:
+        _at_exit(_installed[0])
+
+
+def dump_on_error(info) -> None:
+    """Dump for an exception a runner caught itself (a forked rank's script), when installed."""
+    kind, value = info[0], info[1]
+    if _installed and kind is not None and not issubclass(kind, KeyboardInterrupt | SystemExit):
+        crash_dump(_installed[0], f"uncaught {kind.__name__}: {value}"[:500], info)
 
 
 def install_from_env() -> None:

@@ -21,7 +21,7 @@ from lockstep.errors import EXIT_FAIL, LockstepError, RankTimeout, UsageError
 from lockstep.gate.monitor import TreeMonitor
 from lockstep.gate.run_result import Run, read_rows
 from lockstep.launch import rank_environment
-from lockstep.launch.script import Exit, Script, launch
+from lockstep.launch.script import Exit, Script, dumps_folder, launch
 from lockstep.redact import scrub_text
 from lockstep.reference_job import ReferenceJob
 from lockstep.reference_job import load as load_reference
@@ -155,13 +155,13 @@ class Job:
             argv = self._reference.argv(workdir, cwd, extra)
             done = launch(argv, self.nproc, log, env=env,
                           timeout=self.timeout, run_path=self.run_path, cwd=cwd,
-                          watch=watch)  # fmt: skip
+                          watch=watch, forensics=dumps_folder(log))  # fmt: skip
         code = done.code
         if code is None:
             ranks = ", ".join(sorted(monitor.rss)) or "no rank had started"
             raise RankTimeout(
                 f"the job did not finish within {self.timeout:.0f} s and was killed (ranks "
-                f"seen: {ranks}); raise --timeout or see {log}"
+                f"seen: {ranks}); raise --timeout or see {log}{done.hang_report()}"
             )
         if code != 0 and not metrics.is_file():
             raise JobFailed(f"the job exited {code}: {self._cause(done, [])} (log: {log})")

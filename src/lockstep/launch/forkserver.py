@@ -90,7 +90,12 @@ class Launcher:
 def in_environ(launcher: Launcher, fn, *args):
     """A forked rank's entry point: `launcher.adopt()`, then `fn(*args)`."""
     launcher.adopt()
-    return fn(*args)
+    from lockstep.forensics import recorder
+
+    recorder.install_from_env()  # when the launch asked for dumps (`lockstep.forensics`)
+    result = fn(*args)
+    recorder.finished()  # a forked rank ends with os._exit: no atexit
+    return result
 
 
 def _exit_through_return(code: int = 0):
@@ -130,5 +135,8 @@ def run_script(log: str, cwd: str, script: str, *args: str) -> None:
     except BaseException:
         import traceback
 
+        from lockstep.forensics import recorder
+
+        recorder.dump_on_error(sys.exc_info())  # torchelastic's handler, not the excepthook
         traceback.print_exc()  # as the interpreter prints it, before torchelastic's summary
         raise

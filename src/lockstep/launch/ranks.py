@@ -242,7 +242,8 @@ def _job_process(env: dict, cwd: Path | None, log):
 
 
 def run_command(argv: list[str], nproc: int, log: Path, *, env: dict, timeout: float,
-                cwd: Path | None = None, watch=None, run_path: bool = False) -> int | None:  # fmt: skip
+                cwd: Path | None = None, watch=None, run_path: bool = False,
+                forensics: Path | None = None) -> int | None:  # fmt: skip
     """Run `argv` on `nproc` local ranks as `torchrun --standalone` would, through its launcher
     API in this process (no launcher process importing torch again); every rank's output and
     the launcher's into `log`, redacted. The exit code (0, or the first failed rank's), or None
@@ -254,6 +255,9 @@ def run_command(argv: list[str], nproc: int, log: Path, *, env: dict, timeout: f
     this process's forkserver, instead of a new interpreter importing it again (about 3 s of
     CPU a rank here). What the script does before `import torch` for torch to read at import
     time is then too late; `os._exit(n)` ends the script as `sys.exit(n)` would.
+
+    `forensics` (a folder): the ranks record into torch's flight recorder and dump it there
+    (`lockstep.forensics`) when the run times out, before they are killed, or on a crash.
     """
     import threading
 
@@ -273,8 +277,21 @@ def run_command(argv: list[str], nproc: int, log: Path, *, env: dict, timeout: f
     else:
         program, args = dying_with_parent(*_program(argv))
         start = {}
+    if forensics is not None:
+        from lockstep.forensics import collect
+
+        env = collect.environ(env, forensics)
+        if run_path:
+            args[0] = Launcher(server, env)
     expired, kill = [], killer()
-    timer = threading.Timer(timeout, lambda: (expired.append(True), kill()))
+
+    def expire():
+        expired.append(True)
+        if forensics is not None:
+            collect.request(forensics, nproc)  # every live rank dumps, then dies
+        kill()
+
+    timer = threading.Timer(timeout, expire)
     timer.daemon = True
     watching = watch(os.getpid()) if watch else contextlib.nullcontext()
     with scrubbed_log(log) as out, launch_scope() as logs, _job_process(env, cwd, out), \

@@ -31,23 +31,27 @@ from lockstep.launch.forensics import ABORT_SIGNATURE, aborted_at_exit, last_err
 from lockstep.launch.ranks import free_port, run_command, run_launcher
 
 
-def _torchrun(argv, nproc, log, *, env, timeout, cwd, watch, run_path) -> int | None:
+def _torchrun(argv, nproc, log, *, env, timeout, cwd, watch, run_path, forensics=None):
     """torchrun's launcher API in this process (`ranks.run_command`)."""
     return run_command(argv, nproc, log, env=env, timeout=timeout, cwd=cwd, watch=watch,
-                       run_path=run_path)  # fmt: skip
+                       run_path=run_path, forensics=forensics)  # fmt: skip
 
 
-def _deepspeed(argv, nproc, log, *, env, timeout, cwd, watch, run_path) -> int | None:
+def _deepspeed(argv, nproc, log, *, env, timeout, cwd, watch, run_path, forensics=None):
     """The deepspeed launcher's command (it passes --local_rank), in its own process group."""
     if not argv[0].endswith(".py"):
         raise UsageError("--launcher deepspeed runs a Python script: --script 'train.py ...'")
     command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc),
                "--master_port", str(free_port()), *argv]  # fmt: skip
+    if forensics is not None:  # dumps on a crash; a timeout kills the launcher's group
+        from lockstep.forensics import collect
+
+        env = collect.environ(env, forensics)
     return run_launcher(command, log, env=env, timeout=timeout, cwd=cwd, watch=watch)
 
 
-# name -> function(argv, nproc, log, *, env, timeout, cwd, watch, run_path): exit code, or
-# None when the launch ran past `timeout` and was killed
+# name -> function(argv, nproc, log, *, env, timeout, cwd, watch, run_path, forensics): exit
+# code, or None when the launch ran past `timeout` and was killed
 LAUNCHERS = {"torchrun": _torchrun, "deepspeed": _deepspeed}
 # what each launcher needs installed, for the one-line error before any rank starts
 LAUNCHER_EXTRAS = {"deepspeed": {"deepspeed": "its launcher"}}
@@ -62,6 +66,21 @@ class Exit:
     log: Path
     started: float
     argv: list[str]
+    forensics: Path | None = None  # the flight-recorder dumps' folder
+
+    def report(self):
+        """The flight recorder's report on this launch (`lockstep.forensics.analysis.Report`):
+        who is out of step and in which collective; None without dumps."""
+        if self.forensics is None or not self.forensics.is_dir():
+            return None
+        from lockstep.forensics import hang
+
+        return hang.report(self.forensics, self.text)
+
+    def hang_report(self) -> str:
+        """The report's lines for a timed-out launch, indented; '' without dumps."""
+        report = self.report()
+        return "" if report is None else "\n" + "\n".join(f"  {ln}" for ln in report.lines())
 
     def tolerated(
         self,
@@ -100,6 +119,9 @@ class Exit:
         """Why the launch failed, in one line: the script's last error line, where lockstep
         knows better the interpreter it ran under or the SIGABRT that ended it."""
         last = last_error_line(self.log)
+        report = self.report()
+        if report is not None and report.findings:
+            last = f"{last}; flight recorder: {report.findings[0].headline}"
         other = other_python(self.argv)
         if other and "No module named" in last:
             return (
@@ -145,14 +167,21 @@ def launch(
     run_path: bool = False,
     cwd: Path | None = None,
     watch=None,
+    forensics: Path | None = None,
 ) -> Exit:
     """Run `argv` on `nproc` local ranks through `LAUNCHERS[launcher]`, every rank's output
     redacted into `log`. `watch(pid)`, a context manager, runs around the launch (the gate's
-    process monitor); `env` is the ranks' whole environment."""
+    process monitor); `env` is the ranks' whole environment. `forensics`: a folder for the
+    ranks' flight-recorder dumps (emptied first; `lockstep.forensics`)."""
     started = time.time()
+    if forensics is not None:
+        from lockstep.forensics import hang
+
+        hang.clear(forensics)
     code = LAUNCHERS[launcher](argv, nproc, log, env=env, timeout=timeout, cwd=cwd,
-                               watch=watch, run_path=run_path)  # fmt: skip
-    return Exit(code, log, started, argv)
+                               watch=watch, run_path=run_path,
+                               forensics=forensics)  # fmt: skip
+    return Exit(code, log, started, argv, forensics)
 
 
 class Script:
@@ -191,12 +220,18 @@ class Script:
         watch=None,
     ) -> Exit:
         """One launch with `protocol`'s variables over `env` (default: this process's);
-        a rank killed by a signal logs its stack (PYTHONFAULTHANDLER)."""
+        a rank killed by a signal logs its stack (PYTHONFAULTHANDLER); the ranks' flight
+        recorder dumps go to `LOG.flight-recorder/` on a timeout or a crash (`Exit.report`)."""
         env = dict(os.environ if env is None else env, **protocol.environ())
         env.setdefault("PYTHONFAULTHANDLER", "1")
         return launch(self.argv(protocol), nproc, log, env=env, timeout=self.timeout,
                       launcher=self.launcher, run_path=self.run_path, cwd=cwd,
-                      watch=watch)  # fmt: skip
+                      watch=watch, forensics=dumps_folder(log))  # fmt: skip
+
+
+def dumps_folder(log: Path) -> Path:
+    """Where a launch logging to `log` has its ranks' flight-recorder dumps."""
+    return log.with_name(log.name + ".flight-recorder")
 
 
 def script_argv(command: str, values: dict[str, str]) -> list[str]:

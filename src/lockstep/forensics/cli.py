@@ -1,0 +1,43 @@
+"""`lockstep forensics hang DIR [--json]`: the report on a folder of flight-recorder dumps a
+job wrote itself (`TORCH_FR_DUMP_TEMP_FILE`, NCCL's dump on timeout, `_dump_fr_trace()`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "forensics",
+        help="read a hung or crashed job's flight-recorder dumps",
+        description="Forensics of a distributed job from torch's flight recorder.",
+    )
+    what = p.add_subparsers(dest="forensics_command", metavar="WHAT", required=True)
+    hang = what.add_parser(
+        "hang",
+        help="which collective each rank is in, and who is out of step",
+        description="Read a folder of flight-recorder dumps (one file a rank, its name ending "
+        "in the rank: rank_3, nccl_trace_rank_3) and say per process group and sequence number "
+        "which ranks are in which collective with which sizes, which never reached it, and who "
+        "is out of step. Exit 0 when nobody is, 1 when someone is.",
+    )
+    hang.add_argument("folder", type=Path, metavar="DIR", help="the folder of dumps")
+    hang.add_argument("--world", type=int, default=None, help="ranks expected (default: as dumped)")
+    hang.add_argument("--json", action="store_true", help="the report as JSON")
+    hang.set_defaults(func=_hang)
+
+
+def _hang(args) -> int:
+    from lockstep.errors import EXIT_FAIL, EXIT_OK, UsageError
+    from lockstep.forensics import hang
+
+    if not args.folder.is_dir():
+        raise UsageError(f"{args.folder}: no such folder")
+    report = hang.report(args.folder, world=args.world)
+    if not report.versions:
+        raise UsageError(
+            f"{args.folder}: no flight-recorder dump read ({'; '.join(report.problems) or 'no files named after a rank'})"
+        )
+    print(report.to_json() if args.json else report.text())
+    return EXIT_FAIL if report.findings or report.no_dump else EXIT_OK

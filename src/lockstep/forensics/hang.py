@@ -1,0 +1,69 @@
+"""The report on a launch's (or a job's own) folder of flight-recorder dumps: the dumps read
+(`dumps`), analysed (`analysis`), and what the launch's log adds: ranks gloo aborted on a
+size mismatch ("Received data size doesn't match expected size") leave no dump, but the log
+names them and the sizes they saw."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from lockstep.forensics import analysis, dumps
+from lockstep.forensics.recorder import TRIGGER
+
+# gloo's enforce message: "op.preamble.length <= op.nbytes. 8 vs 4. Received data size ..."
+SIZE_MISMATCH = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match expected size")
+# torchrun's failure summary, one block a rank
+FAILED_RANK = re.compile(r"rank\s*:\s*(\d+) \(local_rank.*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def clear(folder: Path) -> None:
+    """An empty dumps folder for a new launch (lockstep owns it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in folder.iterdir():
+        if path.is_file():
+            path.unlink()
+
+
+def report(folder: Path, log_text: str | None = None, world: int | None = None):
+    """The `analysis.Report` on the dumps in `folder`; `log_text`, the launch's log, adds the
+    ranks gloo aborted on a size mismatch."""
+    found, problems = dumps.load_dir(folder)
+    found = {r: d for r, d in found.items()}
+    stacks = {r: d.stacks for r, d in found.items() if d.stacks}
+    for path in folder.glob("rank_*.stacks"):  # a rank that wrote its stacks, not its dump
+        rank = path.name[5:-7]
+        if rank.isdigit() and int(rank) not in stacks:
+            stacks[int(rank)] = path.read_text(errors="replace")
+    problems = [p for p in problems if not p.startswith(TRIGGER)]
+    result = analysis.analyse({r: d.data for r, d in found.items()}, stacks=stacks,
+                              world=world, problems=problems)  # fmt: skip
+    if log_text:
+        _aborted(result, log_text, set(found))
+    return result
+
+
+def _aborted(result, text: str, dumped: set[int]) -> None:
+    sizes = SIZE_MISMATCH.search(text)
+    if not sizes:
+        return
+    aborted = sorted({int(r) for r, code in FAILED_RANK.findall(text) if code == "-6"} - dumped)
+    got, expected = sizes.groups()
+    who = analysis.ranks_text(aborted) if aborted else "a rank"
+    note = (f"{who} aborted in gloo: received {got} bytes where its own call expected "
+            f"{expected} (\"Received data size doesn't match expected size\")")  # fmt: skip
+    if not result.findings:
+        result.problems.append(note)
+        return
+    f = result.findings[0]
+    if len(f.groups) == 1 and aborted:  # the others agree: the aborted rank's sizes differ
+        g = f.groups[0]
+        f.headline = (
+            f"{who}'s {g.op} #{f.seq} differs in size: {note}; "
+            f"{analysis.ranks_text(g.ranks)} entered {g.op} #{f.seq} with "
+            f"{analysis.sizes_text(g.input_sizes, g.input_dtypes)}"
+        )
+        f.odd, f.kind = aborted, "sizes differ"
+        result.no_dump = [r for r in result.no_dump if r not in aborted]
+    else:
+        f.headline += f"; {note}"

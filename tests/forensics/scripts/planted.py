@@ -1,0 +1,38 @@
+"""A user's script with a planted fault (no lockstep import): `python planted.py MODE ODD`.
+
+hang: rank ODD calls broadcast where the others all_gather (they block in gloo);
+size: rank ODD all_reduces 8 floats where the others 4 (gloo aborts or lets it through);
+jobdump DIR: after all_reduce, all_gather, all_reduce, all_gather, rank ODD starts an
+all_gather where the others an all_reduce (not waited for), and every rank writes its own
+flight-recorder dump to DIR, as a cluster job would."""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+mode, odd = sys.argv[1], int(sys.argv[2])
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+t = torch.ones(4)
+dist.all_reduce(t)
+if mode == "hang":
+    if rank == odd:
+        dist.broadcast(t, 0)
+    else:
+        dist.all_gather([torch.zeros(4) for _ in range(world)], t)
+elif mode == "size":
+    dist.all_reduce(torch.ones(8 if rank == odd else 4))
+else:
+    out = [torch.zeros(4) for _ in range(world)]
+    dist.all_gather(out, t), dist.all_reduce(t), dist.all_gather(out, t)
+    if rank == odd:
+        dist.all_gather([torch.zeros(4) for _ in range(world)], t, async_op=True)
+    else:
+        dist.all_reduce(t, async_op=True)
+    with open(os.path.join(sys.argv[3], f"nccl_trace_rank_{rank}"), "wb") as out:
+        out.write(torch._C._distributed_c10d._dump_fr_trace())
+    sys.stdout.flush()
+    os._exit(0)
+dist.destroy_process_group()

@@ -1,0 +1,79 @@
+"""Planted faults in a user's script launched by lockstep, and a job's own dumps, named from
+the ranks' flight recorders (real gloo ranks; short timeouts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lockstep.cli import main
+from lockstep.launch.script import dumps_folder, launch
+
+PLANTED = str(Path(__file__).parent / "scripts" / "planted.py")
+
+
+def _env() -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
+
+
+def _start_s() -> float:
+    """Seconds this machine takes now to start two interpreters importing torch.distributed."""
+    t = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-c", "import torch.distributed"]) for _ in "ab"]
+    assert all(p.wait() == 0 for p in procs)
+    return time.monotonic() - t
+
+
+def test_a_new_interpreter_blocked_in_gloo_is_named(tmp_path):
+    """Nothing of lockstep runs in the ranks unless lockstep put it there (sitecustomize)."""
+    log = tmp_path / "run.log"
+    timeout = 4 + 2 * _start_s()  # both ranks started and blocked, then the timeout
+    for _ in range(3):  # a machine that slowed down since: a longer timeout
+        done = launch([PLANTED, "hang", "0"], 2, log, env=_env(), timeout=timeout,
+                      forensics=dumps_folder(log))  # fmt: skip
+        assert done.code is None  # timed out
+        report = done.report()
+        if len(report.versions) == 2 and report.findings:
+            break
+        timeout *= 2
+    text = report.text()
+    (f,) = report.findings
+    assert f.seq == 2 and f.odd == [0, 1]  # two ranks, two collectives: no majority to pick
+    assert "rank 0: broadcast (in [4] Float)" in text
+    assert "rank 1: all_gather (in [4] Float, out [2, 4] Float)" in text
+    lines = Path(PLANTED).read_text().splitlines()
+    for call in ("dist.broadcast(t, 0)", "dist.all_gather([torch.zeros(4)"):  # each rank's stack
+        line = next(i for i, ln in enumerate(lines, 1) if ln.strip().startswith(call))
+        assert f'planted.py", line {line} in <module>' in text
+    assert report.versions == {0: "2.10", 1: "2.10"}
+    assert "rank 0: broadcast" in done.hang_report()
+
+
+def test_a_size_mismatch_crash_names_collective_seq_and_rank_0(tmp_path):
+    log = tmp_path / "run.log"
+    done = launch([PLANTED, "size", "0"], 4, log, env=_env(), timeout=120, run_path=True,
+                  forensics=dumps_folder(log))  # fmt: skip
+    assert done.code not in (0, None)
+    cause = done.cause([], 1)
+    assert "flight recorder: rank 0 entered all_reduce #2 with [8] Float" in cause, cause
+    assert "ranks 1-3" in cause
+
+
+def test_a_jobs_own_dumps_read_back(tmp_path, capsys):
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    log = tmp_path / "run.log"
+    done = launch([PLANTED, "jobdump", "0", str(folder)], 2, log, env=_env(), timeout=120)
+    assert done.code == 0, log.read_text()[-2000:]
+    assert sorted(p.name for p in folder.iterdir())[0] == "nccl_trace_rank_0"
+    assert main(["forensics", "hang", str(folder)]) == 1
+    out = capsys.readouterr().out
+    assert "rank 0 skipped all_reduce #5: entered all_gather" in out
+    assert "while rank 1 waits in all_reduce #5" in out
+    assert main(["forensics", "hang", str(folder), "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["findings"][0]["odd"] == [0]
