@@ -34,6 +34,8 @@ config = GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_he
                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                     bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)  # fmt: skip
 model = GPT2LMHeadModel(config)
+if track.replay_dtype() == "float64":  # lockstep: a failed world-size check's float64 replay
+    model = model.double()
 args = TrainingArguments(
     output_dir="runs/hf-trainer",
     max_steps=20,

@@ -349,7 +349,7 @@ def check_world_size(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: fl
         if div is None:
             continue
         where = div.describe(f"{base}ranks", f"{n}ranks")
-        verdict = _float64_replay(runner, div, base, n)
+        verdict = _float64_replay(runner, div, base, n, (runs[base], runs[n]))
         forensics = {
             "parting": None,
             "verdict": verdict.to_dict(),
@@ -385,10 +385,14 @@ def check_world_size(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: fl
     )
 
 
-def _float64_replay(runner: ScriptRunner, div: Divergence, base: int, n: int):
+def _float64_replay(runner: ScriptRunner, div: Divergence, base: int, n: int, fp32=None):
     """Both world sizes again to the diverging step with LOCKSTEP_DTYPE=float64: rounding
     noise shrinks by orders of magnitude, a real dependence does not; loss and gradient norm
-    off by one common ratio are named as a normalisation."""
+    off by one common ratio are named as a normalisation.
+
+    A metric the script keeps in float32 whatever the replay (the HF Trainer's logged loss)
+    comes back unchanged: it is judged by the other metric's replay when it differs by no more
+    than a few float32 ulps; otherwise the verdict is unavailable."""
     from lockstep.checks import divergence as dv
 
     if div.metric not in ("loss", "grad_norm") or not isinstance(div.expected, float):
@@ -400,6 +404,27 @@ def _float64_replay(runner: ScriptRunner, div: Divergence, base: int, n: int):
         for m in (base, n)
     }
     a, b = runs[base].get(div.step, {}), runs[n].get(div.step, {})
+    if (a.get(div.metric), b.get(div.metric)) == (div.expected, div.actual):
+        other = "grad_norm" if div.metric == "loss" else "loss"
+        was = [by_step(r).get(div.step, {}).get(other) for r in fp32 or ({}, {})]
+        now = (a.get(other), b.get(other))
+        if all(isinstance(x, float) for x in (*was, *now)) and tuple(was) != now:
+            judged = dv.float64_verdict(other, tuple(was), now)
+            ulps = abs(div.expected - div.actual) / (abs(div.expected) * 2.0**-23)
+            if judged.kind == "noise" and ulps <= 4:
+                return dv.Verdict(
+                    "noise",
+                    f"rounding noise: {div.metric} differs by {ulps:.2g} float32 ulp (the "
+                    f"script logs it in float32 whatever the replay) and {judged.text}",
+                    judged.rel32,
+                    judged.rel64,
+                )
+        return dv.Verdict(
+            "unavailable",
+            "the float64 replay gave the fp32 values: the script does not follow LOCKSTEP_DTYPE "
+            "(call lockstep.track.protocol() before building the model, or use the HF "
+            "Trainer's LockstepCallback)",
+        )
     verdict = dv.float64_verdict(
         div.metric, (div.expected, div.actual), (a.get(div.metric), b.get(div.metric))
     )

@@ -54,6 +54,14 @@ class LockstepCallback(TrainerCallback):
         self.digest = digest
         self.protocol = track.protocol()
 
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        """A failed check's replay only (docs/forensics.md): per-module digests
+        (`track.watch`). The float64 replay needs the model built or cast before the
+        Trainer (`track.replay_dtype()`): DDP has wrapped it by now."""
+        if model is not None:
+            track.watch(model)
+        return control
+
     def on_step_end(self, args, state, control, **kwargs):
         stop = self.protocol.max_steps
         if stop and state.global_step >= stop:
