@@ -55,7 +55,7 @@ LINT_TOOLS = (
     "mdurl",
     "pygments",
 )
-# The regression gates the project keeps for its own reference job (README: "Regression
+# The regression gates the project keeps for its own reference job (docs/gates.md: "Regression
 # gates"): name -> smoke config, on 2 ranks. One golden per environment under gates/NAME/.
 GATES = {"cpu": ("smoke-cpu-ddp", "smoke-cpu-fsdp"), "cuda": ("smoke-gpu-ddp", "smoke-gpu-zero3")}
 GATE_OUT = ROOT / "build" / "gate"

@@ -1,4 +1,4 @@
-"""A training script that speaks lockstep's black-box protocol (README: "Check your own script")."""
+"""A training script that speaks lockstep's black-box protocol (docs/scripts.md)."""
 
 import random
 

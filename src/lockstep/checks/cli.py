@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and check determinism, resume, clip, equivalence, world-size, accumulation or "
         "elastic. With --script: launch your training script through torchrun several times "
         "and compare the per-step metrics it logs with lockstep.track.log (determinism, "
-        "resume, world-size, replicas; see README, 'Check your own training script').",
+        "resume, world-size, replicas; see docs/scripts.md).",
     )
     p.add_argument("name", choices=[*registry.names(), "all"], help="the check to run")
     p.add_argument("config", nargs="?", help="run config (TOML), e.g. smoke/cpu-zero3.toml")

@@ -97,7 +97,7 @@ def _job_args(p, named: bool = True) -> None:
         "--run-path",
         action="store_true",
         help="as torchrun --run-path: ranks forked from a process that imported torch run the "
-        "script (or -m module) with runpy; faster on CPU (README, 'Check your own script')",
+        "script (or -m module) with runpy; faster on CPU (docs/scripts.md)",
     )
 
 

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 # libstdc++'s std::terminate message: a gloo worker thread made to exit by Python's
-# finalization inside a noexcept destructor (README, "The protocol"; `track.finish`).
+# finalization inside a noexcept destructor (docs/scripts.md, "The protocol"; `track.finish`).
 ABORT_SIGNATURE = "terminate called without an active exception"
 # faulthandler's report of an abort inside running Python code (at exit there is none, or
 # "<no Python frame>")

@@ -23,7 +23,7 @@ Retention (`keep`) deletes only checkpoints lockstep wrote (`step_` and eight di
 a manifest of that step), never another folder in the checkpoint directory. lockstep's own
 files are read with `torch.load(weights_only=True)` and numpy's RNG state array allowlisted
 (`load_file`); DeepSpeed's `load_checkpoint` and `ds_to_universal` unpickle their own files
-with `weights_only=False` (README, "Checkpoints").
+with `weights_only=False` (docs/harness.md, "Checkpoints").
 """
 
 from __future__ import annotations
