@@ -203,3 +203,22 @@ def test_markdown_and_json_keep_the_findings():
     assert "| resume | FAIL | 3 | forward | h.1.mlp#0 |" in text and "determinism" not in text
     assert failed.to_dict()["forensics"]["parting"]["module"] == "h.1.mlp"
     assert dv.markdown([CheckResult("determinism", True, "ok")]) == ""
+
+
+def test_a_loss_kept_in_float32_is_judged_by_the_norm():
+    """The engines log the loss in float32 whatever the replay: one ulp apart in both fp32
+    and the replay, with the gradient norm's float64 replay agreeing, is noise."""
+    import struct
+
+    f32 = lambda x: struct.unpack("f", struct.pack("f", x))[0]  # noqa: E731
+    loss_a, loss_b = f32(4.6948285), f32(4.6948280)
+    rows32 = ({"loss": loss_a, "grad_norm": 1.25}, {"loss": loss_b, "grad_norm": 1.2500001})
+    rows64 = ({"loss": loss_a, "grad_norm": 1.3 + 1e-16}, {"loss": loss_b, "grad_norm": 1.3})
+    assert dv.judge("loss", rows32, rows64).kind == "noise"
+    far = ({"loss": 4.0, "grad_norm": 1.25}, {"loss": 4.5, "grad_norm": 1.2500001})
+    assert (
+        dv.judge(
+            "loss", far, ({"loss": 4.0, "grad_norm": 1.3}, {"loss": 4.5, "grad_norm": 1.3})
+        ).kind
+        == "dependence"
+    )

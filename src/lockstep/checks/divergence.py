@@ -19,6 +19,7 @@ import contextlib
 import functools
 import hashlib
 import math
+import struct
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -370,3 +371,33 @@ def markdown(results) -> str:
                 verdict.get("text", "—"))) + " |"
         )  # fmt: skip
     return "\n".join(out)
+
+
+def _float32_exact(x) -> bool:
+    return isinstance(x, float) and struct.unpack("f", struct.pack("f", x))[0] == x
+
+
+def judge(metric: str, rows32: tuple[dict, dict], rows64: tuple[dict, dict],
+          grads64=None) -> Verdict:  # fmt: skip
+    """`float64_verdict` on both sides' records at the diverging step; a metric the run
+    keeps in float32 whatever the replay (both float64 values float32-exact) that differs by
+    at most 4 float32 ulps is judged by the other metric's replay instead. Pure."""
+    pair = lambda rows, m: (rows[0].get(m), rows[1].get(m))  # noqa: E731
+    verdict = float64_verdict(metric, pair(rows32, metric), pair(rows64, metric), grads64)
+    if verdict.kind != "dependence" or not all(map(_float32_exact, pair(rows64, metric))):
+        return verdict
+    a, b = pair(rows32, metric)
+    other = "grad_norm" if metric == "loss" else "loss"
+    if not all(isinstance(x, float) for x in (a, b, *pair(rows32, other), *pair(rows64, other))):
+        return verdict
+    ulps = abs(a - b) / (max(abs(a), 1e-300) * 2.0**-23)
+    second = float64_verdict(other, pair(rows32, other), pair(rows64, other))
+    if second.kind == "noise" and ulps <= 4:
+        return Verdict(
+            "noise",
+            f"rounding noise: {metric} differs by {ulps:.2g} float32 ulp (kept in float32 "
+            f"whatever the replay) and {second.text}",
+            second.rel32,
+            second.rel64,
+        )
+    return verdict

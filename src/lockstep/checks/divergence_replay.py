@@ -102,13 +102,6 @@ def _rank0(obj):
     return box[0]
 
 
-def _value(rows: list[dict], step: int, metric: str):
-    for r in rows:
-        if r["step"] == step:
-            return r.get(metric)
-    return None
-
-
 def investigate(
     sides: dict[str, Side],
     workdir: Path,
@@ -119,6 +112,7 @@ def investigate(
     first_step: int = 1,
     passes: tuple[str, ...] = dv.PASSES,
     float64: bool = False,
+    rows32: tuple[list[dict], list[dict]] | None = None,
 ) -> Findings:
     """Replay both sides to the diverging step (or `last_step` when only the final state
     differed), name the first step, pass and module where they part; with `float64`, say
@@ -151,11 +145,13 @@ def investigate(
             gb = [r.backward for r in r64b if r.step == step]
             if ga and gb and ga[0] and gb[0]:
                 grads = (ga[0], gb[0])
-            verdict = dv.float64_verdict(
-                div.metric,
-                (div.expected, div.actual),
-                (_value(rows64a, step, div.metric), _value(rows64b, step, div.metric)),
-                grads,
-            )
+            at = {r["step"]: r for r in rows64a}, {r["step"]: r for r in rows64b}
+            if rows32 is not None:
+                was = ({r["step"]: r for r in rows32[0]}, {r["step"]: r for r in rows32[1]})
+                was = (was[0].get(step, {}), was[1].get(step, {}))
+            else:
+                was = ({div.metric: div.expected}, {div.metric: div.actual})
+            now = (at[0].get(step, {}), at[1].get(step, {}))
+            verdict = dv.judge(div.metric, was, now, grads)
         lines.append(f"float64 replay of step {step}: {verdict.text}")
     return _rank0(Findings(parting, verdict, reproduced, lines))

@@ -432,6 +432,7 @@ def _agree(
                 atol,
                 passes=passes,
                 float64=True,
+                rows32=(base_rows, other_rows),
             )
             if found.forensics["verdict"] and found.forensics["verdict"]["kind"] == "noise":
                 found.passed = True
