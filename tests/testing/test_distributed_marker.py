@@ -217,6 +217,7 @@ def test_hang_shows_every_stack_and_kills_everything(pytester, tagged, tmp_path)
     rank0, rank1 = out.split("----- rank 1 hung -----")
     assert re.search(r"line \d+ in barrier", rank0) and "in test_hang" in rank0
     assert "in test_hang" in rank1 and "worker.py" not in rank1
+    assert "flight recorder:" in rank0 and "rank 1 never reached #" in rank0  # in Python
     assert processes_tagged(tagged) == []
     assert not psutil.pid_exists(int((tmp_path / "child").read_text())) or (
         psutil.Process(int((tmp_path / "child").read_text())).status() == psutil.STATUS_ZOMBIE

@@ -128,6 +128,7 @@ class RankPool:
                     cut_short = time.monotonic() + grace < deadline
                     deadline = min(deadline, time.monotonic() + grace)
         hung = sorted(set(range(self.world_size)) - outcomes.keys())
+        collectives = self._collectives() if hung else ""
         stacks = self._stacks(hung)
         for rank in hung:
             if cut_short:
@@ -135,6 +136,7 @@ class RankPool:
             else:
                 why = f"did not finish within the {timeout:g} s timeout"
             message = f"{why}; its Python stack:\n{stacks[rank] or '(none: not responding)'}"
+            message += collectives if rank == hung[0] else ""  # once, with the first
             outcomes[rank] = Outcome(rank, HUNG, message, pool_intact=False)
         result = [
             replace(outcomes[rank], output=self._read(worker.log_path(self.dir, rank)))
@@ -167,6 +169,20 @@ class RankPool:
         crash = self._read(worker.stacks_path(self.dir, rank)).strip()
         message = f"{how}" + (f"; its last Python stack:\n{crash}" if crash else "")
         return Outcome(rank, DIED, message, pool_intact=False)
+
+    def _collectives(self) -> str:
+        """The flight recorder's report on every rank (`lockstep.forensics`): which collective
+        each is in, who is out of step; '' when no rank answered."""
+        from lockstep.forensics import collect, hang
+
+        folder = worker.fr_path(self.dir)
+        if not folder.is_dir():
+            return ""
+        collect.request(folder, self.world_size, wait=STACKS_WAIT_S)
+        report = hang.report(folder, world=self.world_size)
+        if not report.versions:
+            return ""
+        return "\nflight recorder:\n" + "\n".join(f"  {ln}" for ln in report.lines())
 
     def _stacks(self, ranks: list[int]) -> dict[int, str]:
         """Every thread's Python stack of each rank in `ranks`, written by faulthandler."""

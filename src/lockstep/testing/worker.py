@@ -65,6 +65,11 @@ def log_path(pool_dir: Path, rank: int) -> Path:
     return pool_dir / f"rank{rank}.log"
 
 
+def fr_path(pool_dir: Path) -> Path:
+    """The folder of the ranks' flight-recorder dumps (`lockstep.forensics`)."""
+    return pool_dir / "flight-recorder"
+
+
 def stacks_path(pool_dir: Path, rank: int) -> Path:
     return pool_dir / f"rank{rank}.stacks"
 
@@ -87,6 +92,10 @@ def main(conn, rank: int, world_size: int, backend: str, pool_dir: str, env: dic
     os.environ.clear()
     os.environ.update(parent_env)
     os.environ.update(env)
+    from lockstep.forensics import recorder
+
+    fr_path(pool).mkdir(exist_ok=True)
+    recorder.install(str(fr_path(pool)))  # the pool asks for the dumps on a hang
     try:
         state = _Rank(rank, world_size, backend, pool, env)
     except BaseException:
