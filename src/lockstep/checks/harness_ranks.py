@@ -34,25 +34,16 @@ def in_group(device: str, body, attempt: int | None = None):
     """Run `body()` inside a process group this rank creates and destroys (DeepSpeed keeps
     the group it first saw, so all trainings of a launch must share one).
 
-    After an elastic restart the agent's store still holds the first attempt's gloo/nccl
-    addresses under the default group's keys, so each attempt gets its own key prefix.
+    Under torchrun the group's keys go under this attempt's own prefix in the agent's shared
+    store (`lockstep.train.group`), as `lockstep train` does; `attempt` is the caller's count
+    of restarts, kept for its own use.
     """
     import torch.distributed as dist
 
-    from lockstep.train.trainer import PG_TIMEOUT, join_process_group
+    from lockstep.train.trainer import join_process_group
 
-    if attempt is None:
-        owned = join_process_group(device)
-    else:
-        store, rank, world = next(dist.rendezvous("env://", timeout=PG_TIMEOUT))
-        dist.init_process_group(
-            "nccl" if device == "cuda" else "gloo",
-            store=dist.PrefixStore(f"lockstep/attempt{attempt}", store),
-            rank=rank,
-            world_size=world,
-            timeout=PG_TIMEOUT,
-        )
-        owned = True
+    del attempt  # the namespace is an epoch all ranks agree on in the store (train.group)
+    owned = join_process_group(device)
     try:
         return body()
     except LockstepError as err:

@@ -32,6 +32,7 @@ from lockstep.train.config import RunConfig
 from lockstep.train.data import build_stream
 from lockstep.train.engines import build_engine, engine_modules
 from lockstep.train.engines.base import Context, Engine
+from lockstep.train.group import init_launched_group
 from lockstep.train.metrics import MetricsSink, NullSink, StepMetrics, memory, memory_total
 from lockstep.train.model import build_model, model_modules, vocab_size
 
@@ -78,7 +79,7 @@ def join_process_group(device: str) -> bool:
         return False
     backend = "nccl" if device == "cuda" else "gloo"
     if launcher.adopt() is not None:  # torchrun, srun, mpirun, ...: env:// from its variables
-        dist.init_process_group(backend, timeout=PG_TIMEOUT)
+        init_launched_group(backend, PG_TIMEOUT)  # under torchrun: a namespace per attempt
     else:  # a single process
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=PG_TIMEOUT)
