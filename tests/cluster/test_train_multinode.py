@@ -200,8 +200,12 @@ def assert_resumed_and_equal(run: Run, ref: Run, killed_at: float, resume_from: 
     The end is compared within the world-size check's tolerance, not bitwise: on this bed the
     resumed 8-rank job's steps up to two past the resume point are bitwise the uninterrupted
     run's, then the loss moves by one float32 ulp (step 5 of 6, resumed after step 2: 4.1318483
-    against 4.1318479, grad norm still equal) and the digest differs; both elastic runs end
-    with the same digest, so the difference is deterministic, its cause not yet found."""
+    against 4.1318479, grad norm still equal) and the digest differs (6d5c61a13ca262d0 against
+    240f91b3953133e0). Not the bed's, nor torchrun's: `lockstep train --nproc 8` on one host,
+    resumed from its own step-2 checkpoint, ends with the same 6d5c61a13ca262d0, while with
+    `--nproc 2` a resume is bitwise (a sum of two is the same in either order; suspect: DDP's
+    first iteration after construction uses its default bucket layout, later ones the rebuilt
+    one, so the resumed job's first step reduces some gradients in another order)."""
     steps = [r["step"] for r in run.all_rows]
     after = [r["step"] for r in run.all_rows if r["time"] > killed_at]
     print(f"{run.name}: steps {steps}, resumed after step {resume_from}, {after} after the fault")
