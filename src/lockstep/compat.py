@@ -1,5 +1,5 @@
-"""torch's private APIs that lockstep relies on, in one place: after a torch (or DeepSpeed)
-upgrade, this is the file to read. Public torch and torchelastic API (`elastic_launch`,
+"""torch's and DeepSpeed's private APIs that lockstep relies on, in one place: after a torch
+(or DeepSpeed) upgrade, this is the file to read. Public torch and torchelastic API (`elastic_launch`,
 `ChildFailedError`, `DefaultLogsSpecs` ...) is used where it is needed, not here.
 
 Nothing here imports torch when this module is imported.
@@ -55,3 +55,9 @@ def dump_flight_recorder() -> bytes:
     import torch
 
     return torch._C._distributed_c10d._dump_fr_trace()
+
+
+def deepspeed_engine_config(engine):
+    """A DeepSpeed engine's parsed config (`DeepSpeedEngine._config`): lockstep sets its
+    `load_universal_checkpoint` flag before a load, the only time DeepSpeed reads it."""
+    return engine._config

@@ -17,8 +17,6 @@ from lockstep.gate import policy
 from lockstep.gate.golden import Golden, window_bounds
 from lockstep.gate.run_result import Run, summary
 
-MAX_LISTED = 20  # failing steps listed per metric in reports (all of them go to --json)
-
 
 @dataclass
 class Finding:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lockstep import compat
 from lockstep.errors import UsageError
 from lockstep.train import deepspeed_config
 from lockstep.train.engines.base import Context, Engine, StepOutcome, clip_coefficient, lr_lambda
@@ -106,7 +107,7 @@ class ZeroEngine(Engine):
         """Same world size: DeepSpeed's own checkpoint. Another one: the universal checkpoint
         that `prepare_load` made beside it, loaded with `checkpoint.load_universal`."""
         universal = saved_world_size != self.ctx.world_size
-        config = self.engine._config  # DeepSpeed reads the flag at load time only
+        config = compat.deepspeed_engine_config(self.engine)  # read at load time only
         config.load_universal_checkpoint = universal
         try:
             loaded, client = self.engine.load_checkpoint(
