@@ -5,7 +5,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from tests.forensics.fr import dump, entry, pickled
+from support.flight_recorder import dump, entry, pickled
 
 from lockstep.forensics import analysis, dumps
 

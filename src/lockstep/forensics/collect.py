@@ -43,3 +43,12 @@ def request(folder: Path, nproc: int, wait: float = 5.0) -> list[int]:
 def answered_ranks(folder: Path) -> list[int]:
     """The ranks that wrote their stacks (the last file a dump writes)."""
     return sorted(int(p.name[5:-7]) for p in folder.glob("rank_*.stacks") if p.name[5:-7].isdigit())
+
+
+def scrub(folder: Path) -> None:
+    """Redact the ranks' Python stacks in `folder` once the launch is over (a stack quotes the
+    source line and the exception's message, which may hold a secret), as the run's log is."""
+    from lockstep.redact import scrub_file
+
+    for path in folder.glob("rank_*.stacks"):
+        scrub_file(path)

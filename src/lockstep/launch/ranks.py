@@ -310,6 +310,8 @@ def run_command(argv: list[str], nproc: int, log: Path, *, env: dict, timeout: f
             raise
         finally:
             timer.cancel()
+            if forensics is not None and forensics.is_dir():
+                collect.scrub(forensics)
     return None if expired else code
 
 

@@ -78,9 +78,18 @@ class Exit:
         return hang.report(self.forensics, self.text)
 
     def hang_report(self) -> str:
-        """The report's lines for a timed-out launch, indented; '' without dumps."""
+        """For a timed-out launch's one-line error: the report's headlines (who is out of step in
+        which collective) and where the whole report is, ranks' stacks included; '' without
+        dumps. The whole report is written scrubbed beside the dumps, as report.txt."""
         report = self.report()
-        return "" if report is None else "\n" + "\n".join(f"  {ln}" for ln in report.lines())
+        if report is None:
+            return ""
+        from lockstep.redact import scrub_text
+
+        whole = self.forensics / "report.txt"
+        whole.write_text(scrub_text(report.text()) + "\n")
+        headlines = [scrub_text(ln) for ln in report.lines() if not ln.startswith(" ")]
+        return f"; flight recorder: {'; '.join(headlines)} (report: {whole})"
 
     def tolerated(
         self,
