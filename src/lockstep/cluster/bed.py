@@ -14,7 +14,8 @@ IPC, whose first process dies with the process that built the bed):
                  └─ node init, PID 1 of node k: hostname ls<k>, eth0 = 10.A.B.<k+1>/24,
                     its own /etc/hosts (bind mount of /run/lockstep-bed/nodes/ls<k>/hosts),
                     its own tmpfs /tmp, /dev/shm and /run, /run/lockstep-bed bound back in,
-                    and the shared folder bound back at the same path as on the host.
+                    and the shared folder bound back at the same path as on the host (so is
+                    the software: the venv and the checkout, where they live under /tmp or /run).
 
 When the test process dies (crash, Ctrl-C, SIGKILL) U gets SIGKILL from its parent-death
 signal, `--kill-child` kills O, and the kernel kills every process of the outer PID namespace
@@ -90,11 +91,11 @@ def unavailable() -> str | None:
 _OUTER_INIT = r"""
 set -euo pipefail
 S=/run/lockstep-bed
-exec 4<"$BED_SHARED"                       # the shared folder, bound back under our tmpfs /tmp
+eval "$BED_KEEP_OPEN"                      # the shared folder and the software, kept below
 mount -t tmpfs -o mode=755 lockstep-bed /run
 mount -t tmpfs -o mode=1777 lockstep-tmp /tmp
 mount -t tmpfs -o mode=1777 lockstep-shm /dev/shm
-mkdir -p "$BED_SHARED" && mount --no-canonicalize --bind /proc/self/fd/4 "$BED_SHARED" && exec 4<&-
+eval "$BED_KEEP_BIND"                      # ... bound back at their paths over our tmpfs
 mkdir -p "$S/bin" "$S/head/tmp"
 hostname "$BED_HEAD"
 {
@@ -143,14 +144,15 @@ _NODE_INIT = r"""
 set -euo pipefail
 S=/run/lockstep-bed
 n=$1
-exec 3<"$S" 4<"$BED_SHARED"
+exec 3<"$S"
+eval "$BED_KEEP_OPEN"
 mount --bind "$S/nodes/$n/hosts" /etc/hosts
 mount -t tmpfs -o mode=1777 "tmp-$n" /tmp
 mount -t tmpfs -o mode=1777 "shm-$n" /dev/shm
 mount -t tmpfs -o mode=755 "run-$n" /run
 mkdir -p "$S" && mount --no-canonicalize --bind /proc/self/fd/3 "$S"
-mkdir -p "$BED_SHARED" && mount --no-canonicalize --bind /proc/self/fd/4 "$BED_SHARED"
-exec 3<&- 4<&-
+eval "$BED_KEEP_BIND"
+exec 3<&-
 hostname "$n"
 : >"$S/nodes/$n/up"
 exec 1>&- 2>&-
@@ -232,6 +234,7 @@ class Cluster:
             "BED_HEAD": self.head,
             "BED_NET": self.net,
             "BED_SHARED": str(self.shared),
+            **_keep_scripts([self.shared, *_software_dirs()]),
             "BED_OUTER_INIT": _OUTER_INIT,
             "BED_NODE_INIT": _NODE_INIT,
         }
@@ -707,6 +710,36 @@ def reap_stale_shared() -> None:
 
 def _host_tmp() -> str:
     return tempfile.gettempdir()
+
+
+# What the bed mounts a private tmpfs over, in the outer namespace and in every node.
+_MASKED = (Path("/tmp"), Path("/dev/shm"), Path("/run"))
+
+
+def _software_dirs() -> list[Path]:
+    """Where the interpreter, its venv and lockstep's source live: a checkout or venv under
+    /tmp (a fresh clone in CI) must stay visible inside the nodes, at the same path."""
+    import lockstep
+
+    package = Path(lockstep.__file__).resolve().parent
+    source = package.parent.parent if package.parent.name == "src" else package.parent
+    dirs = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), source}
+    return sorted(d for d in dirs if any(d == m or m in d.parents for m in _MASKED))
+
+
+def _keep_scripts(dirs: list[Path]) -> dict[str, str]:
+    """Shell that opens each of `dirs` before the private tmpfs mounts hide it
+    (BED_KEEP_OPEN) and binds it back at its own path afterwards (BED_KEEP_BIND)."""
+    opened, bound = [], []
+    for i, path in enumerate(dict.fromkeys(str(d) for d in dirs)):
+        fd = 10 + i
+        quoted = shlex.quote(path)
+        opened.append(f"exec {fd}<{quoted}")
+        bound.append(
+            f"mkdir -p {quoted} && mount --no-canonicalize --bind /proc/self/fd/{fd} {quoted}"
+            f" && exec {fd}<&-"
+        )
+    return {"BED_KEEP_OPEN": "\n".join(opened), "BED_KEEP_BIND": "\n".join(bound)}
 
 
 def _quick_unavailable() -> str | None:
