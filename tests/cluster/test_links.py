@@ -69,7 +69,8 @@ def preflight(bed: Cluster, name: str, *, timeout: float = 60, env=None, port=29
             "LOCKSTEP_LINK_BYTES": str(LINK_BYTES),
             **((env or {}).get(k, {})),
         }
-        argv = [bed.python, "-m", "lockstep", "preflight", "--timeout", str(timeout), *extra]
+        argv = [bed.python, "-m", "lockstep", "preflight", "--links", "--timeout", str(timeout)]
+        argv += extra
         if k == 0:
             argv += ["--json", str(report), "--exclude-out", str(exclude)]
         procs[k] = bed.popen(k, argv, env=rank_env, stderr=subprocess.PIPE)

@@ -70,7 +70,7 @@ def register(subparsers) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="measure point-to-point bandwidth between node pairs and name a slow node or link "
-        "(default: on when the job spans nodes)",
+        "(default: off, until its false-alarm rate on clean clusters is measured)",
     )
     pre.add_argument(
         "--min-link-gbps",
