@@ -5,9 +5,9 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from support.flight_recorder import dump, entry, pickled
 
 from lockstep.forensics import analysis, dumps
+from support.flight_recorder import dump, entry, pickled
 
 HISTORY = ["all_reduce", "all_gather"] * 2  # #1..#4, every rank agrees
 
