@@ -80,7 +80,7 @@ def check_in(args) -> tuple[dict, str]:
                 f"node 0 ({me}) cannot serve the check-in on port {port + 1}: {_first_line(err)}"
             ) from None
     else:
-        if not _reachable(host, port + 1, args.timeout):
+        if not reachable(host, port + 1, args.timeout):
             raise RankTimeout(
                 f"preflight: {me} (node {args.node_rank}) could not reach node 0's check-in at "
                 f"{where} within {args.timeout:g}s ({'; '.join(mine['problems']) or 'node 0 not started, wrong endpoint, or a firewall'})"
@@ -164,7 +164,10 @@ def run_node(args) -> int:
     return code if code is not None else EXIT_OK
 
 
-def _reachable(host: str, port: int, within_s: float) -> bool:
+def reachable(host: str, port: int, within_s: float) -> bool:
+    """Poll a store's port ourselves (preflight's store, the check-in's): TCPStore's own retries
+    overrun the timeout and log C++ stack traces; this keeps the deadline exact and the message
+    one line."""
     deadline = time.monotonic() + within_s
     while True:
         try:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from lockstep.env import collectives, compare, fingerprint, links, localchecks, report, verdict
 from lockstep.env.launcher import RankInfo
+from lockstep.env.nodes import reachable
 from lockstep.errors import CheckFailed, RankTimeout, UsageError
 from lockstep.redact import scrub_text
 
@@ -243,7 +244,7 @@ def _connect(info: RankInfo, timeout: timedelta) -> dist.Store:
     """The c10d TCPStore: rank 0 serves it unless torchrun's agent already does."""
     serve = info.rank == 0 and not info.agent_store
     where = f"{info.master_addr}:{info.master_port}"
-    if not serve and not _reachable(info.master_addr, info.master_port, timeout.total_seconds()):
+    if not serve and not reachable(info.master_addr, info.master_port, timeout.total_seconds()):
         raise RankTimeout(
             f"rank 0 missing: nothing answered at MASTER_ADDR:MASTER_PORT={where} within "
             f"{timeout.total_seconds():g}s (rank 0 not started, wrong address, or a firewall)"
@@ -264,20 +265,6 @@ def _connect(info: RankInfo, timeout: timedelta) -> dist.Store:
             ) from None
         raise RankTimeout(f"the store at {where} stopped answering: {_first_line(err)}") from None
     return dist.PrefixStore(f"lockstep/preflight/{_run_id()}", store)
-
-
-def _reachable(host: str, port: int, within_s: float) -> bool:
-    """Poll the store's port ourselves: TCPStore's own retries overrun the timeout and log
-    C++ stack traces; this keeps the deadline exact and the message one line."""
-    deadline = time.monotonic() + within_s
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=max(0.1, min(1.0, within_s))):
-                return True
-        except OSError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(_POLL_S * 2)
 
 
 def _run_id() -> str:
