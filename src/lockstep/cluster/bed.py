@@ -52,7 +52,12 @@ STATE = "/run/lockstep-bed"  # the bed's state folder, seen at this path on the 
 BRIDGE = "lsbr"
 INTERFACE = "eth0"
 SHARED_PREFIX = "lockstep-bed-"
-_TOOLS = ("unshare", "nsenter", "setpriv", "ip", "bash", "mount", "hostname")
+_TOOLS = ("unshare", "nsenter", "setpriv", "ip", "tc", "bash", "mount", "hostname")
+# Every node's link, shaped as the bed starts (`tc tbf` both ways, see `rate_limit`): a clean
+# link's speed is then tc's, the same on every pair, not what this machine's busy cores leave
+# (unshaped, preflight's link stage named slow nodes on clean beds). None: unshaped.
+LINK_RATE: str | None = None
+LINK_BURST = "64kb"
 
 
 class BedError(RuntimeError):
@@ -169,7 +174,8 @@ class Cluster:
     the host see at the same path (a network filesystem's stand-in); a node's /tmp, /dev/shm
     and /run are its own. `slurm=True` also starts munged, slurmctld and one slurmd per node
     (`bed.slurm`, see `lockstep.cluster.slurm`); Open MPI needs nothing started
-    (`lockstep.cluster.mpi`). Build it from the thread that keeps it: the parent-death signal
+    (`lockstep.cluster.mpi`). `link_rate`/`link_burst` shape every node's link as it starts
+    (`LINK_RATE`; None leaves them unshaped). Build it from the thread that keeps it: the parent-death signal
     that tears it down follows the thread that started it.
     """
 
@@ -183,6 +189,8 @@ class Cluster:
         slurm: bool = False,
         prefix: str = "ls",
         start_timeout: float = 20.0,
+        link_rate: str | None = LINK_RATE,
+        link_burst: str = LINK_BURST,
     ):
         if not 1 <= nodes <= 200:
             raise ValueError(f"nodes={nodes}: a bed has 1 to 200 nodes")
@@ -195,6 +203,8 @@ class Cluster:
         self._overlays: dict[str, list[str]] = {n: [] for n in self.names}  # mount points
         self.net = f"10.{random.randint(16, 250)}.{random.randint(0, 255)}"
         self.start_timeout = start_timeout
+        self.link_rate = link_rate
+        self.link_burst = link_burst
         self._given_shared = shared
         self.shared = Path(shared) if shared else None
         self._want_slurm = slurm
@@ -252,6 +262,9 @@ class Cluster:
         try:
             self._await_ready()
             self.write_profiles()
+            if self.link_rate:
+                for k in range(len(self.names)):
+                    self.rate_limit(k, self.link_rate, self.link_burst)
             if self._want_slurm:
                 from lockstep.cluster.slurm import Slurm
 
@@ -626,7 +639,11 @@ class Cluster:
             )
 
     def clear_rate_limit(self, k: int | str) -> None:
-        """Undo `rate_limit(k)`."""
+        """Undo `rate_limit(k)` (or `rate_limit_pair`): node k's link back to the bed's own
+        shaping (`link_rate`), or unshaped."""
+        if self.link_rate:
+            self.rate_limit(k, self.link_rate, self.link_burst)
+            return
         for where, dev in ((k, self.interface(k)), (HEAD, f"v{self.name(k)}")):
             self.run(where, ["tc", "qdisc", "del", "dev", dev, "root"], timeout=10)
 
