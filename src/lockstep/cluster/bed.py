@@ -55,9 +55,13 @@ SHARED_PREFIX = "lockstep-bed-"
 _TOOLS = ("unshare", "nsenter", "setpriv", "ip", "tc", "bash", "mount", "hostname")
 # Every node's link, shaped as the bed starts (`tc tbf` both ways, see `rate_limit`): a clean
 # link's speed is then tc's, the same on every pair, not what this machine's busy cores leave
-# (unshaped, preflight's link stage named slow nodes on clean beds). None: unshaped.
-LINK_RATE: str | None = None
-LINK_BURST = "64kb"
+# (unshaped, preflight's link stage named slow nodes on clean beds). 1 Gbit/s holds on all
+# pairs at once on a 2-core machine (clean 8-node links at 0.89-1.01 of their median, 4 nodes
+# 0.99-1.01); a burst of 128 KiB passes a veth's 64 KiB GSO packets whole (a smaller one makes
+# tbf cut them into MTU packets, at a CPU cost), and preflight's 4 MiB messages are 32 of it.
+# None: unshaped.
+LINK_RATE: str | None = "1gbit"
+LINK_BURST = "128kb"
 
 
 class BedError(RuntimeError):
