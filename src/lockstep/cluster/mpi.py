@@ -4,7 +4,8 @@ Open MPI starts one orted per host through its remote agent (`plm_rsh_agent`, no
 On the bed the agent is `lockstep-rsh`, a script in the bed's state folder that enters the
 node's namespaces (`nsenter -t <node init> --all`) instead, and starts the daemon with the
 node's environment (`nodes/<name>/profile`: a login shell's view of that node, with what
-`Cluster.set_node_env` planted), the way ssh would. TCP only, on the bed's subnet.
+`Cluster.set_node_env` planted), the way ssh would; `block_agent` makes it fail for one node as
+ssh does for a node it cannot reach. TCP only, on the bed's subnet.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ if [ ! -r "{STATE}/nodes/$host/pid" ]; then
 	echo "lockstep-rsh: no node $host on this bed" >&2
 	exit 255
 fi
+if [ -e "{STATE}/nodes/$host/unreachable" ]; then
+	echo "lockstep-rsh: connect to host $host: Connection refused (planted: block_agent)" >&2
+	exit 255
+fi
 pid=$(cat "{STATE}/nodes/$host/pid")
 exec nsenter -t "$pid" --all --wd=/ -- env -i /bin/sh -c ". {STATE}/nodes/$host/profile; $*"
 """
@@ -49,6 +54,17 @@ def install_agent(bed: Cluster) -> str:
     os.chmod(path, 0o755)
     bed.write_profiles()
     return AGENT
+
+
+def block_agent(bed: Cluster, k: int | str, blocked: bool = True) -> None:
+    """Make the remote agent fail for node k as ssh does for a node it cannot reach (exit 255,
+    one line on stderr) until `block_agent(bed, k, False)`: a node where Open MPI's daemon
+    never starts."""
+    path = bed.state_path("nodes", bed.name(k), "unreachable")
+    if blocked:
+        path.touch()
+    else:
+        path.unlink(missing_ok=True)
 
 
 def mpirun_command(

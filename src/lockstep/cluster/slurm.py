@@ -75,15 +75,46 @@ class Slurm:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        for k, name in enumerate(bed.names):
-            self.daemons[f"slurmd@{name}"] = bed.popen(
-                k,
-                ["slurmd", "-D", "-N", name, "-f", CONF],
-                env=self.env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+        for k in range(len(bed.names)):
+            self._start_slurmd(k)
         self._await(self._all_idle, "slurmd on every node registered (sinfo: idle)")
+
+    def _start_slurmd(self, k: int | str) -> None:
+        name = self.bed.name(k)
+        self.daemons[f"slurmd@{name}"] = self.bed.popen(
+            k,
+            ["slurmd", "-D", "-N", name, "-f", CONF],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def stop_slurmd(self, k: int | str) -> None:
+        """Kill node k's slurmd (a node whose daemon died; slurmctld still counts it until
+        `SlurmdTimeout`, or until `set_state(k, "down")`)."""
+        proc = self.daemons.pop(f"slurmd@{self.bed.name(k)}")
+        proc.kill_tree()
+        proc.wait(timeout=10)
+
+    def start_slurmd(self, k: int | str) -> None:
+        """Start node k's slurmd again and wait until every node is idle (`ReturnToService=2`
+        puts a node that registers back in service)."""
+        self._start_slurmd(k)
+        self._await(self._all_idle, f"slurmd on {self.bed.name(k)} registered again (idle)")
+
+    def set_state(self, k: int | str, state: str, reason: str = "lockstep bed") -> None:
+        """`scontrol update NodeName=<node> State=<state>` (down, resume, drain, ...)."""
+        argv = ["scontrol", "update", f"NodeName={self.bed.name(k)}", f"State={state}"]
+        if state.lower() in ("down", "drain", "fail"):
+            argv.append(f"Reason={reason}")
+        self.bed.run(HEAD, argv, env=self.env, timeout=10, check=True)
+
+    def node_states(self) -> dict[str, str]:
+        """sinfo's state of every node (`idle`, `down*`, `alloc`, ...)."""
+        out = self.bed.run(
+            HEAD, ["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env, timeout=10
+        ).stdout
+        return dict(line.split() for line in out.splitlines() if line.strip())
 
     def stop(self) -> None:
         for proc in reversed(list(self.daemons.values())):
@@ -104,10 +135,7 @@ class Slurm:
         raise BedError(f"slurm: not ready within {self.ready_timeout:g}s: {what}; {self._logs()}")
 
     def _all_idle(self) -> bool:
-        out = self.bed.run(
-            HEAD, ["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env, timeout=10
-        ).stdout
-        states = dict(line.split() for line in out.splitlines() if line.strip())
+        states = self.node_states()
         return all(states.get(n) == "idle" for n in self.bed.names)
 
     def _logs(self) -> str:
