@@ -1,31 +1,47 @@
 """The link stage (issue 23): the schedule and verdict simulated at scale, and the stage on the
-4-node bed.
+cluster bed.
 
-    python benchmarks/bench_links.py sim [--trials 20]        # 1,024 and 4,096 nodes
-    python benchmarks/bench_links.py bed [--sweep 20]         # root: the cluster bed
+    python benchmarks/bench_links.py sim [--trials 20]             # 1,024 and 4,096 nodes
+    python benchmarks/bench_links.py time [--repeat 5]             # root: 4-node bed
+    python benchmarks/bench_links.py contrast [--repeat 3]         # root: 4-node bed
+    python benchmarks/bench_links.py sweep [--sweep 20] [--nodes 4 8]   # root
+    python benchmarks/bench_links.py probe --rate 1gbit --burst 64kb [--nodes 4 8]  # root
 
 sim: synthetic bandwidths (100 Gb/s, 5% Gaussian noise), slow nodes (a fifth) and slow links
-(a fifth) planted at random, independently of the schedule. Beyond the full-matrix size:
-every slow node named within 2 log2(N) + 4 rounds with no false one; the probability of
-finding one slow link per round budget (more random rounds); the verdict's time at 4,096.
-bed: preflight with and without the link stage on 4 shaped nodes (the added time), one
-link shaped and one not (the contrast), and the false-alarm sweep on clean 4- and 8-node beds.
+(a fifth) planted at random, independently of the schedule, through the stage's own plan (first
+pass, confirmation rounds, second pass; `link_verdict.second_plan`). Beyond the full-matrix
+size: every slow node named within 2 log2(N) + 4 rounds with no false one; the probability of
+finding one slow link per round budget (more random rounds); the verdict's time at 4,096 nodes
+(`judge`, and `assess`, the report's whole section), in CPU seconds and wall seconds.
+
+On the bed (the bed shapes every node's link, `lockstep.cluster.bed.LINK_RATE`), one rank per
+node started with the generic launcher variables, as tests/cluster/test_links.py does, the
+stage's default message size:
+- time: preflight with the link stage and without (`--no-links`), alternately, `--repeat`
+  times each: rank 0's preflight time (after import torch) and the stage's own;
+- contrast: what the stage measures on a shaped link and on an unshaped one (nodes 1 and 2's
+  shaping removed, so the link between them is bound by this machine's CPU only), and on a bed
+  with no shaping at all;
+- sweep: the false-alarm sweep: `--sweep` preflights on clean 4- and 8-node beds, counting the
+  runs that named anything (exit code not 0 or a problem listed);
+- probe: links shaped to `--rate`/`--burst` instead of the bed's own: the spread of clean links
+  (to pick a rate this machine sustains on all pairs at once).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import subprocess
-import sys
 import time
 
 from lockstep.env import link_verdict as lv
 
 
-def measure(rounds, slow_nodes, slow_links, rng, noise=0.05):
+def measure(rounds, slow_nodes, slow_links, rng, noise=0.05, offset=0):
     out = []
     for k, pairs in enumerate(rounds):
         for a, b in pairs:
@@ -34,8 +50,17 @@ def measure(rounds, slow_nodes, slow_links, rng, noise=0.05):
                 g /= 5
             if (min(a, b), max(a, b)) in slow_links:
                 g /= 5
-            out.append({"a": a, "b": b, "gbps": g, "round": k})
+            out.append({"a": a, "b": b, "gbps": g, "rail": 0, "ranks": [a, b], "round": offset + k})
     return out
+
+
+def staged(n, slow, pairs, rng, seed, extra=0):
+    """The stage's plan on synthetic links: (links, rounds used)."""
+    first = lv.first_pass(n, seed=seed, rounds=lv.first_pass_rounds(n) + extra)
+    links = measure(first, slow, pairs, rng)
+    plan = lv.second_plan(n, links, sampled=True, seed=seed + 1)
+    links += measure(plan, slow, pairs, rng, offset=len(first))
+    return links, len(first) + len(plan)
 
 
 def sim(trials: int) -> None:
@@ -43,26 +68,33 @@ def sim(trials: int) -> None:
         found = false = 0
         planted_total = 0
         rounds_used = []
-        judge_s = []
+        judge_cpu, judge_wall, assess_cpu = [], [], []
+        hosts, ranks, local = [f"n{k}" for k in range(n)], [[k] for k in range(n)], [0] * n
         for t in range(trials):
             rng = random.Random(1000 * n + t)
             slow = set(rng.sample(range(n), max(1, n // 256)))  # 4 or 16 slow nodes
-            _, first = lv.schedule(n, seed=t)
-            links = measure(first, slow, set(), rng)
-            second = lv.second_pass(n, lv.suspects(n, links), seed=t + 1)
-            links += measure(second, slow, set(), rng)
-            rounds_used.append(len(first) + len(second))
-            start = time.perf_counter()
-            v = lv.judge(n, links)
-            judge_s.append(time.perf_counter() - start)
+            links, used = staged(n, slow, set(), rng, t)
+            rounds_used.append(used)
+            merged = lv.best_of(links)
+            c0, w0 = time.process_time(), time.perf_counter()
+            v = lv.judge(n, merged)
+            judge_cpu.append(time.process_time() - c0)
+            judge_wall.append(time.perf_counter() - w0)
+            c0 = time.process_time()
+            section = lv.assess(hosts=hosts, ranks=ranks, local=local, cross=links, timeout_s=60)
+            assess_cpu.append(time.process_time() - c0)
+            assert section["exclude"] == [f"n{k}" for k in v["exclude"]]
             named = {s["node"] for s in v["slow_nodes"]}
             found += len(named & slow)
             false += len(named - slow) + len(v["slow_links"])
             planted_total += len(slow)
         print(
             f"N={n}: slow nodes named {found}/{planted_total} over {trials} trials, false "
-            f"findings {false}, rounds {max(rounds_used)} (budget {lv.budget(n)}), verdict "
-            f"median {statistics.median(judge_s):.3f} s, max {max(judge_s):.3f} s"
+            f"findings {false}, rounds at most {max(rounds_used)} (budget {lv.budget(n)}); "
+            f"judge CPU median {statistics.median(judge_cpu):.3f} s, max {max(judge_cpu):.3f} s "
+            f"(wall max {max(judge_wall):.3f} s); the whole report section (assess) CPU median "
+            f"{statistics.median(assess_cpu):.3f} s, max {max(assess_cpu):.3f} s",
+            flush=True,
         )
         for extra in (0, 8, 32, 128):
             hits = 0
@@ -70,91 +102,177 @@ def sim(trials: int) -> None:
                 rng = random.Random(7 * n + t)
                 a, b = rng.sample(range(n), 2)
                 pair = {(min(a, b), max(a, b))}
-                first = lv.first_pass(n, seed=t, rounds=lv.first_pass_rounds(n) + extra)
-                links = measure(first, set(), pair, rng)
-                second = lv.second_pass(n, lv.suspects(n, links), seed=t + 1)
-                links += measure(second, set(), pair, rng)
-                v = lv.judge(n, links)
+                links, total = staged(n, set(), pair, rng, t, extra)
+                v = lv.judge(n, lv.best_of(links))
                 hits += any((s["a"], s["b"]) == min(pair) for s in v["slow_links"])
-            total = len(first) + lv.SECOND_PASS
             print(
                 f"  N={n}: one slow link found in {hits}/{trials * 5} trials with {total} "
-                f"rounds (expected about {total}/{n - 1} = {total / (n - 1):.4f})"
+                f"rounds (expected about {total}/{n - 1} = {total / (n - 1):.4f})",
+                flush=True,
             )
 
 
-def bed(sweep: int) -> None:
-    sys.path.insert(0, "tests/cluster")
+# ---------------------------------------------------------------------- the bed
+
+_PORT = [29600 + random.randrange(0, 2000, 50)]
+
+
+def launch(bed, extra=(), timeout=60, nbytes=None):
+    """One rank per node; (rank 0's exit code, its report or None, rank 0's output tail)."""
+    n = len(bed.names)
+    _PORT[0] += 1
+    report = bed.shared / f"r{_PORT[0]}.json"
+    procs = {}
+    for k in range(n):
+        env = {
+            "RANK": str(k), "WORLD_SIZE": str(n), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": bed.hostname(0), "MASTER_PORT": str(_PORT[0]),
+        }  # fmt: skip
+        if nbytes:
+            env["LOCKSTEP_LINK_BYTES"] = str(nbytes)
+        argv = [bed.python, "-m", "lockstep", "preflight", "--timeout", str(timeout), *extra]
+        if k == 0:
+            argv += ["--json", str(report)]
+        procs[k] = bed.popen(k, argv, env=env, stderr=subprocess.PIPE)
+    res = bed.wait_all(procs, 300)
+    first = res[bed.names[0]]
+    data = json.loads(report.read_text()) if report.exists() else None
+    return first.returncode, data, (first.stdout + first.stderr)[-2000:]
+
+
+def _links_summary(data) -> str:
+    links = data["links"]
+    values = [x["gbps"] for x in links["links"]]
+    return (
+        f"links {min(values):.3f}-{max(values):.3f} Gb/s (median {statistics.median(values):.3f}),"
+        f" {links['rounds']} rounds, stage {links['elapsed_s']:.2f} s, findings "
+        f"{links['kinds'] or 'none'}"
+    )
+
+
+def _unshape(bed, k) -> None:
+    """Node k's shaping removed both ways (clear_rate_limit would restore the bed's own)."""
+    for where, dev in ((k, bed.interface(k)), ("head", f"v{bed.name(k)}")):
+        bed.run(where, ["tc", "qdisc", "del", "dev", dev, "root"], timeout=10)
+
+
+def _describe_rate(bed) -> str:
+    return f"{bed.link_rate} (burst {bed.link_burst})" if bed.link_rate else "unshaped"
+
+
+def bench_time(repeat: int) -> None:
     from lockstep.cluster import Cluster
 
-    rate, burst, nbytes = "100mbit", "16kb", 1 << 20
-
-    def run(b, extra=(), port=29600):
-        n = len(b.names)
-        report = b.shared / f"r{port}.json"
-        procs = {}
-        for k in range(n):
-            env = {
-                "RANK": str(k), "WORLD_SIZE": str(n), "LOCAL_RANK": "0",
-                "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": b.hostname(0),
-                "MASTER_PORT": str(port), "LOCKSTEP_LINK_BYTES": str(nbytes),
-            }  # fmt: skip
-            argv = [b.python, "-m", "lockstep", "preflight", "--timeout", "60", *extra]
-            if k == 0:
-                argv += ["--json", str(report)]
-            procs[k] = b.popen(k, argv, env=env, stderr=subprocess.PIPE)
-        res = b.wait_all(procs, 300)
-        return res["ls0"].returncode, json.loads(report.read_text())
-
-    port = 29600
-    with Cluster(4, env={"NO_COLOR": "1"}) as b:
-        for k in range(4):
-            b.rate_limit(k, rate, burst=burst)
+    with Cluster(4, env={"NO_COLOR": "1"}) as bed:
         on, off = [], []
-        for _ in range(3):
-            port += 2
-            on.append(run(b, port=port)[1])
-            off.append(run(b, ("--no-links",), port=port + 1)[1])
-        stage = [r["links"]["elapsed_s"] for r in on]
-        print(
-            f"4-node bed, {rate}: preflight with links median "
-            f"{statistics.median(r['elapsed_s'] for r in on):.2f} s, without "
-            f"{statistics.median(r['elapsed_s'] for r in off):.2f} s; link stage "
-            f"{statistics.median(stage):.2f} s (min {min(stage):.2f}, max {max(stage):.2f})"
-        )
-        b.tc(1, "qdisc", "del", "dev", b.interface(1), "root")
-        b.tc("head", "qdisc", "del", "dev", "vls1", "root")
-        port += 2
-        code, r = run(b, port=port)
-        m = r["links"]["matrix_gbps"]
-        print(
-            f"ls1 unshaped, others {rate}: ls0-ls1 {m[0][1]} Gb/s (ls1 unshaped, ls0 shaped), "
-            f"ls0-ls2 {m[0][2]} Gb/s, ls2-ls3 {m[2][3]} Gb/s; exit {code}, findings "
-            f"{r['findings']}"
-        )
-    for n in (4, 8):
-        with Cluster(n, env={"NO_COLOR": "1"}) as b:
-            for k in range(n):
-                b.rate_limit(k, rate, burst=burst)
-            alarms = 0
-            start = time.monotonic()
-            for _ in range(sweep):
-                port += 1
-                code, r = run(b, port=port)
-                alarms += code != 0 or bool(r["links"]["problems"])
+        for _ in range(repeat):
+            code_on, data_on, tail = launch(bed, ("--links",))
+            assert data_on is not None and "links" in data_on, tail
+            code_off, data_off, tail = launch(bed, ("--no-links",))
+            assert data_off is not None and "links" not in data_off, tail
+            on.append(data_on)
+            off.append(data_off)
             print(
-                f"clean {n}-node bed: {alarms} of {sweep} runs named a slow node or link "
-                f"({time.monotonic() - start:.0f} s)"
+                f"  with: {data_on['elapsed_s']:.2f} s (exit {code_on}; {_links_summary(data_on)});"
+                f" without: {data_off['elapsed_s']:.2f} s (exit {code_off})",
+                flush=True,
+            )
+        t_on = [d["elapsed_s"] for d in on]
+        t_off = [d["elapsed_s"] for d in off]
+        stage = [d["links"]["elapsed_s"] for d in on]
+        print(
+            f"4-node bed, links {_describe_rate(bed)}, {repeat} runs each: preflight with the "
+            f"link stage median {statistics.median(t_on):.2f} s (min {min(t_on):.2f}, max "
+            f"{max(t_on):.2f}), without median {statistics.median(t_off):.2f} s (min "
+            f"{min(t_off):.2f}, max {max(t_off):.2f}); added (difference of medians) "
+            f"{statistics.median(t_on) - statistics.median(t_off):.2f} s; the stage's own time "
+            f"median {statistics.median(stage):.2f} s (min {min(stage):.2f}, max {max(stage):.2f})"
+        )
+
+
+def bench_contrast(repeat: int) -> None:
+    from lockstep.cluster import Cluster
+
+    with Cluster(4, env={"NO_COLOR": "1"}) as bed:
+        for k in (1, 2):
+            _unshape(bed, k)
+        for _ in range(repeat):
+            code, data, tail = launch(bed, ("--links",))
+            assert data is not None, tail
+            m = data["links"]["matrix_gbps"]
+            print(
+                f"ls1, ls2 unshaped, ls0, ls3 {_describe_rate(bed)}: ls1-ls2 (unshaped) {m[1][2]} "
+                f"Gb/s; ls0-ls3 (shaped) {m[0][3]} Gb/s; ls0-ls1 {m[0][1]}, ls2-ls3 {m[2][3]} "
+                f"(one end shaped); exit {code}, findings {data['links']['kinds'] or 'none'}",
+                flush=True,
+            )
+    with Cluster(4, env={"NO_COLOR": "1"}, link_rate=None) as bed:
+        for _ in range(repeat):
+            code, data, tail = launch(bed, ("--links",))
+            assert data is not None, tail
+            print(f"no shaping at all: exit {code}, {_links_summary(data)}", flush=True)
+            for p in data["links"]["problems"]:
+                print(f"    {p}")
+
+
+def bench_sweep(runs: int, sizes, rate=None, burst=None) -> None:
+    from lockstep.cluster import Cluster
+
+    for n in sizes:
+        kwargs = {} if rate is None else {"link_rate": rate, "link_burst": burst}
+        with Cluster(n, env={"NO_COLOR": "1"}, **kwargs) as bed:
+            alarms, ratios, stages, confirmed = 0, [], [], 0
+            start = time.monotonic()
+            for i in range(runs):
+                code, data, tail = launch(bed, ("--links",))
+                if data is None or "links" not in data:
+                    alarms += 1
+                    print(f"  run {i}: exit {code}, no report: {tail[-600:]}", flush=True)
+                    continue
+                links = data["links"]
+                named = code != 0 or bool(links["problems"])
+                alarms += named
+                typical = links["typical_gbps"]
+                ratios += [x["gbps"] / typical for x in links["links"]]
+                stages.append(links["elapsed_s"])
+                again = sum(x.get("measurements", 1) > 1 for x in links["links"])
+                confirmed += again > 0  # a link looked slow once: measured again
+                print(
+                    f"  run {i}: exit {code}, typical {typical} Gb/s, {_links_summary(data)}, "
+                    f"{again} measured again" + (f"; {links['problems']}" if named else ""),
+                    flush=True,
+                )
+            print(
+                f"clean {n}-node bed, links {_describe_rate(bed)}: {alarms} of {runs} runs named "
+                f"a slow node or link; every link at {min(ratios):.2f}-{max(ratios):.2f} of "
+                f"its run's typical; {confirmed} runs measured a link again (it looked slow once); the stage "
+                f"median {statistics.median(stages):.2f} s (max {max(stages):.2f}); "
+                f"{time.monotonic() - start:.0f} s in all",
+                flush=True,
             )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("what", choices=("sim", "bed"))
+    parser.add_argument("what", choices=("sim", "time", "contrast", "sweep", "probe"))
     parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--sweep", type=int, default=20)
+    parser.add_argument("--nodes", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--rate")
+    parser.add_argument("--burst", default="64kb")
     args = parser.parse_args()
-    sim(args.trials) if args.what == "sim" else bed(args.sweep)
+    os.environ.setdefault("NO_COLOR", "1")
+    if args.what == "sim":
+        sim(args.trials)
+    elif args.what == "time":
+        bench_time(args.repeat)
+    elif args.what == "contrast":
+        bench_contrast(args.repeat)
+    elif args.what == "sweep":
+        bench_sweep(args.sweep, args.nodes)
+    else:
+        bench_sweep(args.repeat, args.nodes, args.rate, args.burst)
 
 
 if __name__ == "__main__":

@@ -112,6 +112,7 @@ def test_clean_two_ranks_pass_and_leak_no_secret(tmp_path):
     assert all(c["ok"] for c in report["collectives"].values())
     assert [row["bytes"] for row in report["bandwidth"]["sizes"]] == [256 << 10, 4 << 20]
     assert report["matmul"]["status"] == "skip" and "no GPU" in report["matmul"]["detail"]
+    assert "links" not in report  # one host: no link stage unless --links
     assert "PASS: 2 ranks" in proc.stdout and "PASS: 2 ranks" in summary.read_text()
     # What it compared, in one line (no requirements/ in tmp_path: no lock).
     compared, torch_section = report["compared"], report["fingerprints"]["0"]["sections"]["torch"]
@@ -229,4 +230,5 @@ def test_two_nodes_with_two_torchrun_agents(tmp_path):
     data = json.loads(report.read_text())
     assert data["ok"] and data["world_size"] == 4
     assert sorted((n["node"], n["ranks"]) for n in data["nodes"]) == [(0, [0, 1]), (1, [2, 3])]
+    assert "links" not in data  # two agents, one hostname: the link stage's default is off
     assert any("PASS: 4 ranks on 2 nodes" in out for out in outputs)

@@ -70,7 +70,7 @@ def register(subparsers) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="measure point-to-point bandwidth between node pairs and name a slow node or link "
-        "(default: off, until its false-alarm rate on clean clusters is measured)",
+        "(default: on when the ranks span more than one host)",
     )
     pre.add_argument(
         "--min-link-gbps",

@@ -1,4 +1,4 @@
-"""The link stage's schedule and verdict, from plain data: no torch, no process group.
+"""The link stage's schedule and verdict, from plain data: no torch, no process group (numpy).
 
 Schedule. Up to `FULL_MATRIX` nodes every pair is measured: a round-robin (the circle method),
 N-1 rounds of N/2 disjoint pairs (N rounds with a bye when N is odd). 32 is where that stops
@@ -6,12 +6,19 @@ being cheap: 31 rounds of about 0.2 s each (two large transfers per direction an
 ping-pong) is a few seconds, and the rounds grow linearly with N. Beyond it, a first pass of
 `ceil(log2 N) + 2` rounds (two ring pairings, i with i+1, then random perfect matchings), then a
 second pass of `SECOND_PASS` rounds that pairs each suspect (an end of a link that looked slow)
-with nodes whose links all looked fine: `ceil(log2 N) + 5` rounds in all, within the
-`2 log2(N) + 4` budget for N >= 2. A slow node is slow on every link, so it is a suspect after
-the first pass whoever its partners were, and the second pass gives it good partners only; its
-first-pass partners have one slow link among `log2 N + 2` and stay fine. A slow link between
-one pair is measured only if the pair is drawn: certain within the full matrix, a probability
-beyond it (about rounds/N per link; benchmarks/bench_links.py reports it).
+with nodes whose links all looked fine. A slow node is slow on every link, so it is a suspect
+after the first pass whoever its partners were, and the second pass gives it good partners
+only; its first-pass partners have one slow link among `log2 N + 2` and stay fine. A slow link
+between one pair is measured only if the pair is drawn: certain within the full matrix, a
+probability beyond it (about rounds/N per link; benchmarks/bench_links.py reports it).
+
+Confirmation. Whatever the size, the links that looked slow in the first pass are measured
+again, up to `CONFIRM_ROUNDS` rounds of disjoint pairs (the links whose ends have the fewest
+other slow links first), before the second pass; the verdict takes each pair's best
+measurement (`best_of`): contention only slows a transfer, so one slowed transfer on a busy
+host is not a slow link, while a slow link is slow every time. Nothing looked slow, no round
+added. In all `ceil(log2 N) + 7` rounds at most beyond the full matrix, within the
+`2 log2(N) + 4` budget for every N > 32.
 
 Verdict (robust statistics, no fixed Gb/s). The typical bandwidth is the median of the nodes'
 median links (a slow node moves its own median, not the others'); the spread is 1.4826 times
@@ -32,8 +39,11 @@ import random
 import statistics
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 FULL_MATRIX = 32
 SECOND_PASS = 3
+CONFIRM_ROUNDS = 2
 K_MAD = 4.0
 MIN_DROP = 0.25
 MAX_DROP = 0.6
@@ -108,12 +118,83 @@ def schedule(n: int, full_matrix: int = FULL_MATRIX, seed: int = 0) -> tuple[str
 
 def suspects(n: int, links: Sequence[dict], min_link_gbps: float | None = None) -> list[int]:
     """Nodes with at least one slow link so far: both ends of each."""
-    stats = _stats(n, links, min_link_gbps)
-    out: set[int] = set()
-    for link, slow in zip(links, stats["slow"], strict=True):
-        if slow:
-            out |= {link["a"], link["b"]}
-    return sorted(out)
+    st = _stats(n, links, min_link_gbps)
+    slow = st["slow"]
+    return sorted({*st["a"][slow].tolist(), *st["b"][slow].tolist()})
+
+
+def best_of(links: Sequence[dict]) -> list[dict]:
+    """Repeated measurements of one node pair on one rail (a confirmation round, or a pairing
+    drawn twice) as one link, the fastest, with `measurements` (how many). Contention for a
+    shared CPU, bus or switch only ever slows a transfer, so the best of several is the link's
+    speed (as nccl-tests and iperf report the best); a link that is slow stays slow every time
+    it is measured. Order: each pair where it first appears."""
+    best: dict[tuple[int, int, int], dict] = {}
+    for x in links:
+        key = (min(x["a"], x["b"]), max(x["a"], x["b"]), x.get("rail", 0))
+        cur = best.get(key)
+        count = 1 if cur is None else cur["measurements"] + 1
+        if cur is None or x["gbps"] > cur["gbps"]:
+            best[key] = {**x, "measurements": count}
+        else:
+            cur["measurements"] = count
+    return list(best.values())
+
+
+def confirm_rounds(
+    n: int,
+    links: Sequence[dict],
+    *,
+    min_link_gbps: float | None = None,
+    rounds: int = CONFIRM_ROUNDS,
+) -> list[Round]:
+    """Rounds that measure the slow links of the first pass again (judged rail by rail), at
+    most `rounds` of disjoint pairs: the links whose ends have the fewest other slow links
+    first. Those are the ones a single slowed transfer would make into a false slow link; a
+    slow node's many slow links confirm one another. Empty when nothing looked slow."""
+    merged = best_of(links)
+    pairs: set[Pair] = set()
+    for rail in sorted({x.get("rail", 0) for x in merged}):
+        mine = [x for x in merged if x.get("rail", 0) == rail]
+        st = _stats(n, mine, min_link_gbps)
+        for x, slow in zip(mine, st["slow"].tolist(), strict=True):
+            if slow:
+                pairs.add((min(x["a"], x["b"]), max(x["a"], x["b"])))
+    degree = [0] * n
+    for a, b in pairs:
+        degree[a] += 1
+        degree[b] += 1
+    left = sorted(pairs, key=lambda p: (degree[p[0]] + degree[p[1]], p))
+    out: list[Round] = []
+    while left and len(out) < rounds:
+        used: set[int] = set()
+        this, rest = [], []
+        for a, b in left:
+            if a in used or b in used:
+                rest.append((a, b))
+            else:
+                used |= {a, b}
+                this.append((a, b))
+        out.append(this)
+        left = rest
+    return out
+
+
+def second_plan(
+    n: int,
+    links: Sequence[dict],
+    *,
+    sampled: bool,
+    seed: int = 1,
+    min_link_gbps: float | None = None,
+) -> list[Round]:
+    """What rank 0 posts once the first pass is in: the confirmation rounds, then, beyond the
+    full matrix, the second pass (each suspect with known-good nodes)."""
+    plan = confirm_rounds(n, links, min_link_gbps=min_link_gbps)
+    if sampled:
+        merged = merge_rails(best_of(links))
+        plan += second_pass(n, suspects(n, merged, min_link_gbps), seed=seed)
+    return plan
 
 
 def second_pass(
@@ -140,36 +221,60 @@ def second_pass(
 # ---------------------------------------------------------------------- verdict
 
 
-def _median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else math.nan
+def _arrays(links: Sequence[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    count = len(links)
+    a = np.fromiter((x["a"] for x in links), dtype=np.int64, count=count)
+    b = np.fromiter((x["b"] for x in links), dtype=np.int64, count=count)
+    g = np.fromiter((x["gbps"] for x in links), dtype=np.float64, count=count)
+    return a, b, g
 
 
-def _high_median(values: Sequence[float]) -> float:
-    """The upper of the two middle values for an even count: with two links, one slow, a node
-    is typical by its other link."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
+class _ByNode:
+    """Each node's links, grouped (CSR): `vals[start[k]:start[k] + count[k]]` are node k's link
+    bandwidths in ascending order, `ids` the same slice's link indices."""
+
+    def __init__(self, n: int, a: np.ndarray, b: np.ndarray, g: np.ndarray):
+        ends = np.concatenate([a, b])
+        vals = np.concatenate([g, g])
+        order = np.lexsort((vals, ends))
+        self.vals = vals[order]
+        self.ids = np.concatenate([np.arange(len(g)), np.arange(len(g))])[order]
+        self.count = np.bincount(ends, minlength=n)
+        self.start = np.cumsum(self.count) - self.count
+
+    def of(self, node: int) -> tuple[np.ndarray, np.ndarray]:
+        s, c = self.start[node], self.count[node]
+        return self.vals[s : s + c], self.ids[s : s + c]
+
+    def medians(self, high: bool) -> np.ndarray:
+        """Per node: the median of its links (`high`: the upper middle value for an even count,
+        so that with two links, one slow, a node is typical by its other link); NaN for none."""
+        out = np.full(len(self.count), np.nan)
+        has = self.count > 0
+        s, c = self.start[has], self.count[has]
+        upper = self.vals[s + c // 2]
+        out[has] = upper if high else (self.vals[s + (c - 1) // 2] + upper) / 2
+        return out
 
 
 def _stats(n: int, links: Sequence[dict], min_link_gbps: float | None) -> dict:
-    per_node: list[list[float]] = [[] for _ in range(n)]
-    for link in links:
-        per_node[link["a"]].append(link["gbps"])
-        per_node[link["b"]].append(link["gbps"])
-    node_median = [_high_median(v) for v in per_node]
-    measured = [m for m in node_median if not math.isnan(m)]
-    typical = _median(measured) if measured else math.nan
-    near = [x["gbps"] for x in links if abs(x["gbps"] - typical) <= MIN_DROP * typical]
-    spread = 1.4826 * _median([abs(x - typical) for x in near]) if near else 0.0
+    a, b, g = _arrays(links)
+    by = _ByNode(n, a, b, g)
+    node_median = by.medians(high=True)
+    measured = node_median[~np.isnan(node_median)]
+    typical = float(np.median(measured)) if len(measured) else math.nan
+    near = g[np.abs(g - typical) <= MIN_DROP * typical] if len(measured) else g[:0]
+    spread = 1.4826 * float(np.median(np.abs(near - typical))) if len(near) else 0.0
     drop = min(MAX_DROP * typical, max(K_MAD * spread, MIN_DROP * typical))
-    threshold = typical - drop if measured else math.nan
+    threshold = typical - drop if len(measured) else math.nan
     if min_link_gbps is not None:
         threshold = min_link_gbps if math.isnan(threshold) else max(threshold, min_link_gbps)
-    slow = [x["gbps"] < threshold for x in links]
+    slow = g < threshold  # NaN threshold: nothing slow
     return {
-        "per_node": per_node,
+        "a": a,
+        "b": b,
+        "g": g,
+        "by_node": by,
         "node_median": node_median,
         "typical": typical,
         "spread": spread,
@@ -186,62 +291,64 @@ def judge(
     dropped: Iterable[int] = (),
 ) -> dict:
     """The verdict on links between `n` nodes. `links`: dicts with `a`, `b` (node indices) and
-    `gbps` (one per measured pair; more keys are kept). Returns node indices:
+    `gbps` (one per measurement; more keys are kept). Returns node indices:
     {"typical_gbps", "spread_gbps", "threshold_gbps", "slow_nodes": [{node, median_gbps,
     slow, links}], "slow_links": [{a, b, gbps, exclude: [...]}, ...], "dropped", "exclude",
-    "node_median_gbps"}."""
+    "node_median_gbps"}. numpy throughout: 35,000 links between 4,096 nodes in well under a
+    second (benchmarks/bench_links.py)."""
     st = _stats(n, links, min_link_gbps)
-    slow = st["slow"]
-    at: list[list[int]] = [[] for _ in range(n)]  # node -> indices of its links
-    for i, x in enumerate(links):
-        at[x["a"]].append(i)
-        at[x["b"]].append(i)
+    a, b, slow, by = st["a"], st["b"], st["slow"], st["by_node"]
     gone = sorted(set(dropped))
+    # Per node: its links to nodes not yet named, and how many of those are slow. Naming a
+    # node takes its links out of its neighbours' counts (only its own links change).
+    total = by.count.astype(np.float64)
+    both = np.concatenate([slow, slow]).astype(np.float64)
+    slow_at = np.bincount(np.concatenate([a, b]), weights=both, minlength=n)
+    slow_count = slow_at.copy()
+    open_ = np.ones(n, dtype=bool)
+    open_[[k for k in gone if 0 <= k < n]] = False
     named: list[int] = []
-    named_set: set[int] = set()
-    candidates = [k for k in range(n) if k not in set(gone) and any(slow[i] for i in at[k])]
     while True:
-        best, best_share = None, 0.5
-        for node in candidates:
-            if node in named_set:
-                continue
-            mine = [i for i in at[node] if _other(links[i], node) not in named_set]
-            if len(mine) < 2:
-                continue
-            share = sum(slow[i] for i in mine) / len(mine)
-            if share > best_share:
-                best, best_share = node, share
-        if best is None:
+        eligible = open_ & (total >= 2)
+        share = np.where(eligible, slow_at / np.maximum(total, 1), 0.0)
+        best = int(np.argmax(share)) if n else 0
+        if not n or share[best] <= 0.5:
             break
         named.append(best)
-        named_set.add(best)
+        open_[best] = False
+        _, ids = by.of(best)
+        others = np.where(a[ids] == best, b[ids], a[ids])
+        np.subtract.at(total, others, 1)
+        np.subtract.at(slow_at, others, slow[ids])
+    is_named = np.zeros(n, dtype=bool)
+    is_named[named] = True
+    medians = by.medians(high=False)
     slow_nodes = [
         {
             "node": node,
-            "median_gbps": _median([links[i]["gbps"] for i in at[node]]),
-            "slow": sum(slow[i] for i in at[node]),
-            "links": len(at[node]),
+            "median_gbps": float(medians[node]),
+            "slow": int(slow_count[node]),
+            "links": int(by.count[node]),
         }
         for node in named
     ]
     slow_links = []
-    margin = max(2 * st["spread"], 0.05 * st["typical"]) if st["typical"] == st["typical"] else 0.0
-    for i, link in enumerate(links):
-        a, b = link["a"], link["b"]
-        if not slow[i] or a in named_set or b in named_set:
-            continue
-        oa, ob = (_median([links[j]["gbps"] for j in at[end] if j != i]) for end in (a, b))
+    typical, spread = st["typical"], st["spread"]
+    margin = max(2 * spread, 0.05 * typical) if not math.isnan(typical) else 0.0
+    for i in np.flatnonzero(slow & ~is_named[a] & ~is_named[b]):
+        ends = (int(a[i]), int(b[i]))
+        oa, ob = (_median_without(by, end, i) for end in ends)
         if math.isnan(oa) or math.isnan(ob) or abs(oa - ob) <= margin:
-            exclude = [a, b]
+            exclude = list(ends)
         else:
-            exclude = [a] if oa < ob else [b]
-        slow_links.append({**link, "others_gbps": [oa, ob], "exclude": exclude})
+            exclude = [ends[0]] if oa < ob else [ends[1]]
+        slow_links.append({**links[i], "others_gbps": [oa, ob], "exclude": exclude})
     exclude = sorted(set(named) | {e for x in slow_links for e in x["exclude"]} | set(gone))
     return {
-        "typical_gbps": st["typical"],
-        "spread_gbps": st["spread"],
+        "typical_gbps": typical,
+        "spread_gbps": spread,
         "threshold_gbps": st["threshold"],
-        "node_median_gbps": st["node_median"],
+        "node_median_gbps": [float(v) for v in st["node_median"]],
         "slow_nodes": slow_nodes,
         "slow_links": slow_links,
         "dropped": gone,
@@ -249,8 +356,15 @@ def judge(
     }
 
 
-def _other(link: dict, node: int) -> int:
-    return link["b"] if link["a"] == node else link["a"]
+def _median_without(by: _ByNode, node: int, link: int) -> float:
+    """The median of `node`'s links other than `link`: its other links' typical bandwidth."""
+    vals, ids = by.of(node)
+    rest = vals[ids != link]
+    return float(np.median(rest)) if len(rest) else math.nan
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan
 
 
 def matrix(n: int, links: Sequence[dict]) -> list[list[float | None]]:
@@ -302,6 +416,8 @@ def assess(
 
     failed = failed or {}
     n = len(hosts)
+    rounds_run = len({x["round"] for x in [*cross, *intra]})
+    cross = best_of(cross)  # a pair measured again (confirmation): its best
     node_of = {r: k for k, rs in enumerate(ranks) for r in rs}
     silent_nodes = sorted({node_of[r] for r in silent if r in node_of})
     problems: list[str] = []
@@ -412,7 +528,7 @@ def assess(
             }
             for k, h in enumerate(hosts)
         ],
-        "rounds": len({x["round"] for x in [*cross, *intra]}),
+        "rounds": rounds_run,
         "bytes": nbytes,
         "min_link_gbps": min_link_gbps,
         "rails": per_rail,

@@ -4,17 +4,19 @@ Every rank runs `run_stage` after the collectives. The ranks learn the layout (h
 rank of each rank, one all-gather of fixed size), then walk the same schedule
 (`link_verdict.schedule`): a first round within each node (local ranks 0-1, 2-3, ... at once
 on every node), then rounds of disjoint node pairs. In a round, local rank i of one node pairs
-with local rank i of the other (one NIC per GPU: each rail is measured), every pair at once; a
-barrier keeps rounds apart. A pair first ping-pongs a small message (latency), then each side
-sends `nbytes` to the other, timed until a one-element ack (the sender's clock; best of
-`REPS`). torch.distributed send/recv: gloo on CPU, NCCL on GPUs (the default process group's
-backend), timed with the stream synchronized.
+with local rank i of the other (one NIC per GPU: each rail is measured; on CPU local rank 0
+only, see `stage_rails`), every pair at once; a barrier keeps rounds apart. A pair first
+ping-pongs a small message (latency), then each side sends `nbytes` to the other, timed until a
+one-element ack (the sender's clock; best of `REPS`). torch.distributed send/recv: gloo on
+CPU, NCCL on GPUs (the default process group's backend), timed with the stream synchronized.
 
 Timeouts: every op is bounded by the process group's timeout (`--timeout`). Each rank posts a
 status in the store when it finishes or fails (the round and the peer it was waiting on); rank 0
 waits at most the timeout plus a grace for all of them, and names the ranks that never posted
-(a node that dropped out) instead of hanging. Beyond the full-matrix size the first pass's
-results go to rank 0, which posts the second pass (suspects paired with good nodes).
+(a node that dropped out) instead of hanging. After the first pass its results go to rank 0,
+which posts the rest (`link_verdict.second_plan`): the links that looked slow measured again
+(none when nothing did), and beyond the full-matrix size the second pass (suspects paired with
+good nodes).
 """
 
 from __future__ import annotations
@@ -76,15 +78,20 @@ def layout(dist, torch, device, local_rank: int | None) -> Layout:
     return Layout(hosts=hosts, ranks=ranks, local=local)
 
 
-def plan_partner(lay: Layout, rank: int, pairs: list[tuple[int, int]] | None) -> int | None:
+def plan_partner(
+    lay: Layout, rank: int, pairs: list[tuple[int, int]] | None, rails: int | None = None
+) -> int | None:
     """This rank's peer in a round: `pairs` of node indices, or None for the intra-node round
-    (rails 0-1, 2-3, ... of each node)."""
+    (rails 0-1, 2-3, ... of each node). Between nodes only local ranks below `rails` (None:
+    all) take part."""
     node = lay.node_of(rank)
     rail = lay.ranks[node].index(rank)
     if pairs is None:
         peer_rail = rail ^ 1
         mine = lay.ranks[node]
         return mine[peer_rail] if peer_rail < len(mine) else None
+    if rails is not None and rail >= rails:
+        return None
     for a, b in pairs:
         if node in (a, b):
             other = lay.ranks[b if node == a else a]
@@ -152,14 +159,14 @@ def _fault_round() -> int | None:
     return None
 
 
-def _run_rounds(dist, torch, device, lay, rank, rounds, nbytes, offset, records) -> None:
+def _run_rounds(dist, torch, device, lay, rank, rounds, nbytes, offset, records, rails) -> None:
     hang_at = _fault_round()
     for k, pairs in enumerate(rounds):
         index = offset + k
         if hang_at is not None and index >= hang_at:
             while True:  # a node that stops answering mid-stage (tests only)
                 time.sleep(3600)
-        peer = plan_partner(lay, rank, pairs)
+        peer = plan_partner(lay, rank, pairs, rails)
         if peer is not None:
             try:
                 got = measure_pair(dist, torch, device, peer, rank < peer, nbytes)
@@ -187,23 +194,28 @@ def run_stage(
     timeout_s: float,
     nbytes: int | None = None,
     full_matrix: int | None = None,
+    min_link_gbps: float | None = None,
 ) -> Layout:
     """This rank's part of the link stage; its results and status go to the store."""
     nbytes = nbytes or stage_bytes(device)
     full = full_matrix or int(
         os.environ.get("LOCKSTEP_LINKS_FULL_MATRIX", link_verdict.FULL_MATRIX)
     )
+    rails = stage_rails(device)
     records: list[dict] = []
     try:
         n = len(lay.hosts)
         kind, rounds = link_verdict.schedule(n, full)
         all_rounds: list = [None, *rounds]  # None: the intra-node round
-        _run_rounds(dist, torch, device, lay, rank, all_rounds, nbytes, 0, records)
-        if kind == "sampled":
+        _run_rounds(dist, torch, device, lay, rank, all_rounds, nbytes, 0, records, rails)
+        if n > 1:  # the confirmation rounds, and beyond the full matrix the second pass
             store.set(f"links/pass1/{rank}", json.dumps(records))
             store.add("links/pass1/count", 1)
-            plan = _second_plan(store, rank, lay, dist.get_world_size(), timeout_s)
-            _run_rounds(dist, torch, device, lay, rank, plan, nbytes, len(all_rounds), records)
+            plan = _second_plan(
+                store, rank, lay, dist.get_world_size(), timeout_s, kind, min_link_gbps
+            )
+            offset = len(all_rounds)
+            _run_rounds(dist, torch, device, lay, rank, plan, nbytes, offset, records, rails)
         status = {"state": "done"}
     except LinkStageFailed as err:
         status = {"state": "failed", "why": str(err)}
@@ -228,8 +240,17 @@ def write_outputs(section: dict, args) -> None:
         heatmap(section, Path(folder))
 
 
-def _second_plan(store, rank: int, lay: Layout, world: int, timeout_s: float) -> list:
-    """Rank 0 reads the first pass, posts the second; the others wait for it."""
+def _second_plan(
+    store,
+    rank: int,
+    lay: Layout,
+    world: int,
+    timeout_s: float,
+    kind: str,
+    min_link_gbps: float | None,
+) -> list:
+    """Rank 0 reads the first pass, posts the rest (`link_verdict.second_plan`: the slow links
+    again, and beyond the full matrix the second pass); the others wait for it."""
     if rank == 0:
         deadline = time.monotonic() + timeout_s
         while store.add("links/pass1/count", 0) < world and time.monotonic() < deadline:
@@ -243,9 +264,12 @@ def _second_plan(store, rank: int, lay: Layout, world: int, timeout_s: float) ->
         if missing:
             store.set("links/plan2", json.dumps({"abort": missing}))
             raise LinkStageFailed(f"ranks {missing} sent no first-pass results")
-        links = link_verdict.merge_rails(_pair_links(lay, got)[0])
-        suspect = link_verdict.suspects(len(lay.hosts), links)
-        plan = link_verdict.second_pass(len(lay.hosts), suspect)
+        plan = link_verdict.second_plan(
+            len(lay.hosts),
+            _pair_links(lay, got)[0],
+            sampled=kind == "sampled",
+            min_link_gbps=min_link_gbps,
+        )
         store.set("links/plan2", json.dumps({"rounds": plan}))
     else:
         try:
@@ -337,6 +361,14 @@ def collect(
         nbytes=nbytes,
         elapsed_s=time.monotonic() - started,
     )
+
+
+def stage_rails(device) -> int | None:
+    """The local ranks measured between nodes: every rail on GPUs (NCCL gives each GPU its
+    own NIC on a rail-optimised node), local rank 0 only on CPU: gloo sends every rank of a
+    host through the same interface, so the other local ranks would measure that one NIC
+    again, at once, each getting a share of it."""
+    return None if device.type == "cuda" else 1
 
 
 def stage_bytes(device) -> int:

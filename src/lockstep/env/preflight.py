@@ -126,16 +126,26 @@ def _exchange(job: _Job, fp: dict, ignored: compare.Ignored) -> _Gathered:
 
 
 def _links(job: _Job, args):
-    """The link stage (issue 23), with --links: every rank measures its pairs
-    (`links.run_stage`); rank 0 gets (layout, stage start) to judge later, or None. Opt-in until
-    its false-alarm rate on clean clusters is measured: on the bed's unshaped links, whose speed
-    is this machine's CPU, it named slow nodes in clean 4-node jobs."""
-    if getattr(args, "links", None) is not True or job.info.world_size < 2:
+    """The link stage (issue 23): every rank measures its pairs (`links.run_stage`); rank 0
+    gets (layout, stage start) to judge later, or None. On by default when the ranks span more
+    than one host (the layout's all-gather says so, the same answer on every rank); `--links`
+    runs it on one host too (its ranks' pairs), `--no-links` never."""
+    wanted = getattr(args, "links", None)
+    if wanted is False or job.info.world_size < 2:
         return None
     lay = links.layout(dist, torch, job.device, job.info.local_rank)
+    if wanted is None and len(lay.hosts) < 2:
+        return None
     started = time.monotonic()
     lay = links.run_stage(
-        dist, torch, job.device, job.store, rank=job.info.rank, lay=lay, timeout_s=job.timeout_s
+        dist,
+        torch,
+        job.device,
+        job.store,
+        rank=job.info.rank,
+        lay=lay,
+        timeout_s=job.timeout_s,
+        min_link_gbps=getattr(args, "min_link_gbps", None),
     )
     return lay, started
 
