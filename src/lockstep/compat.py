@@ -51,10 +51,18 @@ FR_BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 
 def dump_flight_recorder() -> bytes:
     """This process's flight recorder, pickled (`_dump_fr_trace`: a dict of builtins with a
-    "version" field, "pg_config", "pg_status" and "entries", one per collective)."""
+    "version" field, "pg_config", "pg_status" and "entries", one per collective).
+
+    Without the entries' C++/Python stack traces: symbolizing them imports `torch._inductor`
+    (about 800 modules, 1.1-2 CPU-s a rank, every rank at its end), and lockstep's report takes
+    each rank's Python stack from faulthandler instead."""
     import torch
 
-    return torch._C._distributed_c10d._dump_fr_trace()
+    dump = torch._C._distributed_c10d._dump_fr_trace
+    try:
+        return dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
+    except TypeError:  # a torch whose binding takes no options
+        return dump()
 
 
 def deepspeed_engine_config(engine):
