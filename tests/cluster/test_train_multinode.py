@@ -2,9 +2,8 @@
 end with the parameter digest, bitwise, of 8 ranks on one host on the same global batch, and
 within the world-size check's tolerance of 1 rank; under torchrun with one restart allowed the
 job survives one node's workers killed mid-run, and a whole node lost and replaced
-(`--nnodes 3:4`), resuming from its checkpoint on the shared folder and ending within the
-world-size tolerance of the uninterrupted run (the elastic check, made multi-node; not
-bitwise here, see `assert_resumed_and_equal`).
+(`--nnodes 3:4`), resuming from its checkpoint on the shared folder and ending bitwise equal to
+the uninterrupted run (the elastic check, made multi-node).
 
 Every run writes its metrics and checkpoints to `bed.shared` (the network filesystem's
 stand-in); the final parameters are read back from the last checkpoint.
@@ -197,15 +196,11 @@ def assert_resumed_and_equal(run: Run, ref: Run, killed_at: float, resume_from: 
     checkpoint and the next step's end. (That a restart happened at all: the workers were
     killed before step STEPS, and every agent still exited 0 at step STEPS.)
 
-    The end is compared within the world-size check's tolerance, not bitwise: on this bed the
-    resumed 8-rank job's steps up to two past the resume point are bitwise the uninterrupted
-    run's, then the loss moves by one float32 ulp (step 5 of 6, resumed after step 2: 4.1318483
-    against 4.1318479, grad norm still equal) and the digest differs (6d5c61a13ca262d0 against
-    240f91b3953133e0). Not the bed's, nor torchrun's: `lockstep train --nproc 8` on one host,
-    resumed from its own step-2 checkpoint, ends with the same 6d5c61a13ca262d0, while with
-    `--nproc 2` a resume is bitwise (a sum of two is the same in either order; suspect: DDP's
-    first iteration after construction uses its default bucket layout, later ones the rebuilt
-    one, so the resumed job's first step reduces some gradients in another order)."""
+    Then the end is the uninterrupted run's, bitwise: metrics of every step, digest and
+    parameters. (It was not before `DDPEngine.prime_buckets`: a resumed 8-rank job reduced its
+    first step in DDP's initial bucket layout, one ulp off by step 5 of 6, digest
+    6d5c61a13ca262d0 against 240f91b3953133e0; `lockstep train --nproc 8` on one host resumed
+    the same way, so it was never the bed's.)"""
     steps = [r["step"] for r in run.all_rows]
     after = [r["step"] for r in run.all_rows if r["time"] > killed_at]
     print(f"{run.name}: steps {steps}, resumed after step {resume_from}, {after} after the fault")
@@ -213,8 +208,7 @@ def assert_resumed_and_equal(run: Run, ref: Run, killed_at: float, resume_from: 
     assert after and min(after) == resume_from + 1, f"{run.name}: {after} after the fault"
     again = [s for s in set(steps) if s <= resume_from and steps.count(s) > 1]
     assert not again, f"{run.name}: steps {again} ran twice: not resumed from the checkpoint"
-    assert_within_tolerance(run, ref)
-    print(f"{run.name}: bitwise the uninterrupted run's: {run.digest == ref.digest}")
+    assert_bitwise(run, ref)
 
 
 def test_torchrun_restarts_when_one_nodes_workers_are_killed(bed, one_host):
