@@ -75,14 +75,14 @@ def collectives_per_step(config: str, nproc: int) -> float:
     counts = []
     for steps in (4, 8):
         with tempfile.TemporaryDirectory() as out:
-            env = dict(os.environ, TORCH_FR_BUFFER_SIZE="20000", LOCKSTEP_FR_DIR=out)
+            env = dict(os.environ, TORCH_FR_BUFFER_SIZE="20000")  # every rank dumps at its end
             cmd = [sys.executable, "-m", "lockstep", "train", config, "--nproc", str(nproc),
                    "--out", out, "--set", f"steps={steps}", "--set", "checkpoint.every=1000",
                    "--set", "logging.wandb=disabled"]  # fmt: skip
             subprocess.run(cmd, check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
             from lockstep.forensics import dumps
 
-            found, _ = dumps.load_dir(Path(out))
+            found, _ = dumps.load_dir(Path(out) / "flight-recorder")  # `lockstep train`'s
             counts.append(len(found[0].data["entries"]))
     return (counts[1] - counts[0]) / 4
 
@@ -98,9 +98,14 @@ def main() -> None:
     times: dict[str, list[float]] = {"off": [], "on": []}
     for r in range(args.rounds):
         order = ("off", "on") if r % 2 == 0 else ("on", "off")
+        this = {}
         for which in order:
             buffer = "0" if which == "off" else "2000"
-            times[which] += step_times(args.config, args.nproc, args.steps, buffer)
+            this[which] = step_times(args.config, args.nproc, args.steps, buffer)
+            times[which] += this[which]
+        a, b = statistics.median(this["off"]), statistics.median(this["on"])
+        print(f"  round {r + 1}: off {a * 1e3:.2f} ms, on {b * 1e3:.2f} ms, on/off {b / a:.4f}",
+              flush=True)  # fmt: skip
     off, on = statistics.median(times["off"]), statistics.median(times["on"])
     print(f"{args.config}, {args.nproc} ranks, {args.rounds} rounds x {args.steps} steps")
     print(f"  recorder off: median step {off * 1e3:.2f} ms ({len(times['off'])} steps)")

@@ -76,7 +76,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="relative tolerance (default 0 for determinism/resume, 1e-4 world-size)",
     )
     p.add_argument("--atol", type=float, default=None, help="absolute tolerance")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per run (default 600)")
+    p.add_argument(
+        "--timeout", type=float, default=None, metavar="S",
+        help="seconds per launch (default 600 with --script, no limit with a CONFIG); a launch "
+        "past it is killed and its ranks' flight recorders name the collective each is in",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, default=None, help="folder for runs and logs")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write results here")
     p.set_defaults(func=run_checks)

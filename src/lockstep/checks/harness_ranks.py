@@ -15,9 +15,11 @@ from lockstep.errors import LockstepError
 from lockstep.launch import run_local
 
 
-def run_ranks(fn, args: tuple, nproc: int, cfg, max_restarts: int = 0) -> Any:
+def run_ranks(fn, args: tuple, nproc: int, cfg, max_restarts: int = 0,
+              timeout: float | None = None, forensics: Path | None = None) -> Any:  # fmt: skip
     """Run `fn(*args)` on `nproc` local ranks of the run `cfg`; rank 0's return value, or a
-    LockstepError."""
+    LockstepError. `timeout` (seconds) and `forensics` (the ranks' flight-recorder dumps'
+    folder): `lockstep.launch.run_local`'s."""
     from lockstep.train.trainer import rank_modules
 
     device = cfg.resolved_device()
@@ -27,7 +29,8 @@ def run_ranks(fn, args: tuple, nproc: int, cfg, max_restarts: int = 0) -> Any:
         os.environ.setdefault("NCCL_ALGO", "Ring")
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     preload = [fn.__module__, "lockstep.checks.harness", *rank_modules(cfg)]
-    return run_local(fn, args, nproc, "check", device, preload, max_restarts=max_restarts)
+    return run_local(fn, args, nproc, "check", device, preload, timeout=timeout,
+                     forensics=forensics, max_restarts=max_restarts)  # fmt: skip
 
 
 def in_group(device: str, body, attempt: int | None = None):

@@ -17,6 +17,7 @@ from lockstep.checks.result import CheckResult
 from lockstep.errors import UsageError
 
 Show = Callable[[CheckResult], None]
+SCRIPT_TIMEOUT_S = 600.0  # a script's launches; a CONFIG's have no limit unless asked
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Request:
     resume_nproc: int | None = None
     rtol: float | None = None
     atol: float | None = None
-    timeout: float = 600.0
+    timeout: float | None = None  # seconds per launch: a script's default SCRIPT_TIMEOUT_S
     out: Path | None = None
 
 
@@ -95,6 +96,7 @@ class Launches:
         self.cfg, self.nproc, self.sizes = cfg, request.nproc, sizes
         self.resume_nproc = request.resume_nproc
         self.workdir, self.show = workdir, show
+        self.timeout = request.timeout
         self.config = cfg.model_dump(mode="json")
         _, _, global_size = cfg.batch_shape(self.nproc)
         self.fixed = harness.derive(cfg, batch__global_size=global_size, batch__grad_accum=0)
@@ -106,7 +108,8 @@ class Launches:
 
         config = self.config if config is None else config
         args = (calls, config, str(self.workdir), options)
-        found = run_ranks(rank_calls, args, n or self.nproc, self.cfg)
+        found = run_ranks(rank_calls, args, n or self.nproc, self.cfg, timeout=self.timeout,
+                          forensics=self.workdir / "flight-recorder")  # fmt: skip
         for result in found:
             self.show(result)
         return found
@@ -192,7 +195,7 @@ def on_script(request: Request, sizes: list[int], workdir: Path, show: Show) -> 
     runner = ScriptRunner(
         request.script,
         workdir,
-        timeout=request.timeout,
+        timeout=request.timeout or SCRIPT_TIMEOUT_S,
         launcher=request.launcher or "torchrun",
         run_path=request.run_path,
     )

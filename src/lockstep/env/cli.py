@@ -155,9 +155,7 @@ def preflight_command(args) -> int:
         return run_node(args)
     info = launcher.detect()
     if info is None:
-        from lockstep.launch import run_local_cli
-
-        return run_local_cli(args.nproc or 1, ["preflight", *_rank_argv(args)])
+        return _run_local(args)
     if args.nproc is not None:
         raise UsageError(
             f"--nproc starts local ranks itself; drop it when running under {info.launcher}"
@@ -165,6 +163,22 @@ def preflight_command(args) -> int:
     from lockstep.env.preflight import run_rank
 
     return run_rank(info, args)
+
+
+def _run_local(args) -> int:
+    """`--nproc N` local ranks; their flight-recorder dumps in a temporary folder, kept (and
+    named on stderr) only when a timeout's report was written there (`lockstep.forensics`)."""
+    import shutil
+    import tempfile
+
+    from lockstep.launch import run_local_cli
+
+    folder = Path(tempfile.mkdtemp(prefix="lockstep-preflight-")) / "flight-recorder"
+    try:
+        return run_local_cli(args.nproc or 1, ["preflight", *_rank_argv(args)], forensics=folder)
+    finally:
+        if not (folder / "report.txt").is_file():
+            shutil.rmtree(folder.parent, ignore_errors=True)
 
 
 _MULTI_FLAGS = ("nnodes", "node_rank", "nproc_per_node", "rdzv_endpoint")

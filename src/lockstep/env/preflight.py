@@ -90,6 +90,9 @@ def run_rank(info: RankInfo, args) -> int:
             return _await_verdict(store, job.timeout_s)
         return _decide(job, gathered, ignored, args, started, link_stage)
     except RuntimeError as err:  # torch.distributed's errors, timeouts included
+        from lockstep.forensics import recorder
+
+        recorder.timed_out(f"preflight: {_first_line(err)}")  # --nproc: every rank dumps
         silent = _silent_ranks(store, info, args.timeout)
         if silent:
             raise RankTimeout(

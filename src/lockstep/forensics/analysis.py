@@ -230,6 +230,30 @@ def _finding(name: str, views: dict[int, _RankView]) -> Finding | None:
     return Finding(name, seq, groups, odd, major.ranks, headline, ", ".join(dict.fromkeys(kinds)))
 
 
+def last_agreed(dumps: dict[int, dict]) -> tuple[str, int, Group] | None:
+    """The last collective every rank in `dumps` entered, the same on all (per process group,
+    the default one first): (process group, sequence number, the ranks' Group); None when
+    they hold none in common. Where a rank that left no dump died (gloo aborts a rank whose
+    message size differs) when the others went no further."""
+    groups: dict[str, dict[int, _RankView]] = {}
+    for rank, data in dumps.items():
+        for name, view in _views(data).items():
+            groups.setdefault(name, {})[rank] = view
+    for name, views in sorted(groups.items()):
+        if len(views) != len(dumps):
+            continue
+        seq = min(v.last for v in views.values())
+        entries = [v.entries.get(seq) for v in views.values()]
+        if any(e is None for e in entries) or len({_signature(e) for e in entries}) != 1:
+            continue
+        e = entries[0]
+        done = all(v.completed >= seq for v in views.values())
+        return name, seq, Group(sorted(views), _op(e), e.get("input_sizes"),
+                                e.get("input_dtypes"), e.get("output_sizes"),
+                                e.get("output_dtypes"), not done)  # fmt: skip
+    return None
+
+
 def _first_disagreement(views: dict[int, _RankView], before: int) -> int | None:
     """The first sequence number below `before` whose entries differ between ranks (sizes
     that differ but fit, which gloo lets through; a rank's status can lag behind its entries),
@@ -298,8 +322,10 @@ def _broke_tie(groups, major, predicted) -> bool:
 
 
 def _main_stack(text: str) -> str:
-    """faulthandler's dump without the recorder's own thread and frames, at most 20 lines."""
-    blocks = [b for b in text.split("\n\n") if b.strip() and "in _watch" not in b]
+    """faulthandler's dump without lockstep's own threads (the recorder's, `die_with`'s) and
+    frames, at most 20 lines."""
+    blocks = [b for b in text.split("\n\n") if b.strip() and "in _watch" not in b
+              and "launch/cleanup.py" not in b]  # fmt: skip
     blocks = [b for b in blocks if "excepthook" not in b] or blocks  # the Traceback says it
     lines = [
         ln for b in blocks for ln in b.strip().splitlines()

@@ -14,15 +14,18 @@ SITE = Path(__file__).resolve().parent / "site"
 BUFFER = "2000"  # torch's default: enough for the last steps of any job
 
 
-def environ(env: dict, folder: Path) -> dict:
+def environ(env: dict, folder: Path, site: bool = True) -> dict:
     """`env` with what a rank needs to record and dump into `folder` (made here): the buffer
     size (unless the job set one; 0 keeps it off), the folder, and `site/` first on
-    PYTHONPATH so a new interpreter installs the watcher (`site/sitecustomize.py`)."""
+    PYTHONPATH so a new interpreter installs the watcher (`site/sitecustomize.py`); without
+    `site`, for ranks that install it themselves (`launch.forkserver.in_environ`)."""
     folder.mkdir(parents=True, exist_ok=True)
     out = dict(env)
     if not any(name in out for name in FR_BUFFER_ENV):
         out[FR_BUFFER_ENV[0]] = BUFFER
     out[DIR_ENV] = str(folder)
+    if not site:
+        return out
     path = [str(SITE), *(p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p)]
     out["PYTHONPATH"] = os.pathsep.join(path)
     return out

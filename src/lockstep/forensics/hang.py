@@ -39,19 +39,51 @@ def report(folder: Path, log_text: str | None = None, world: int | None = None):
     result = analysis.analyse({r: d.data for r, d in found.items()}, stacks=stacks,
                               world=world, problems=problems)  # fmt: skip
     if log_text:
-        _aborted(result, log_text, set(found))
+        _aborted(result, log_text, {r: d.data for r, d in found.items()})
     return result
 
 
-def _aborted(result, text: str, dumped: set[int]) -> None:
+def summary(folder: Path, log_text: str | None = None, world: int | None = None,
+            findings_only: bool = False) -> str:  # fmt: skip
+    """For a timed-out or crashed launch's one-line error: `; flight recorder: HEADLINES
+    (report: FOLDER/report.txt)`, the headlines being who is out of step in which collective;
+    the whole report, every odd rank's Python stack included, is written scrubbed beside the
+    dumps as report.txt. '' when no rank left a dump or its stacks, or, with `findings_only`
+    (a crash, whose own traceback says more), when nobody is out of step."""
+    from lockstep.redact import scrub_text
+
+    if not folder.is_dir():
+        return ""
+    result = report(folder, log_text, world)
+    if not result.versions and not any(folder.glob("rank_*.stacks")):
+        return ""
+    if findings_only and not result.findings:
+        return ""
+    whole = folder / "report.txt"
+    whole.write_text(scrub_text(result.text()) + "\n")
+    headlines = [scrub_text(ln) for ln in result.lines() if not ln.startswith(" ")]
+    return f"; flight recorder: {'; '.join(headlines)} (report: {whole})"
+
+
+def _aborted(result, text: str, found: dict[int, dict]) -> None:
+    """Name the ranks gloo aborted on a size mismatch (no dump: the log's exit codes say -6)
+    as the ones whose sizes differ where the others agree, at the collective the others wait
+    in or, when none waits, the last one they all entered (`analysis.last_agreed`)."""
     sizes = SIZE_MISMATCH.search(text)
     if not sizes:
         return
-    aborted = sorted({int(r) for r, code in FAILED_RANK.findall(text) if code == "-6"} - dumped)
+    aborted = sorted({int(r) for r, code in FAILED_RANK.findall(text) if code == "-6"} - set(found))
     got, expected = sizes.groups()
     who = analysis.ranks_text(aborted) if aborted else "a rank"
     note = (f"{who} aborted in gloo: received {got} bytes where its own call expected "
             f"{expected} (\"Received data size doesn't match expected size\")")  # fmt: skip
+    if not result.findings and aborted and found:
+        last = analysis.last_agreed(found)
+        if last is not None:
+            name, seq, group = last
+            result.findings.append(
+                analysis.Finding(name, seq, [group], [], group.ranks, "", "sizes differ")
+            )
     if not result.findings:
         result.problems.append(note)
         return

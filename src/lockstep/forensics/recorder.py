@@ -76,7 +76,7 @@ def _watch(folder: str) -> None:
     trigger = os.path.join(folder, TRIGGER)
     while not os.path.exists(trigger):
         time.sleep(POLL_S)
-    if not _crashed:
+    if not _crashed and not _dumped:  # a rank that ended dumped at its end: that one stays
         dump(folder, "asked (the run timed out, or another rank crashed)")
 
 
@@ -100,6 +100,14 @@ def crash_dump(folder: str, why: str, exc=None, wait: float = 3.0) -> None:
         if done >= world:
             return
         time.sleep(0.05)
+
+
+def timed_out(why: str, wait: float = 3.0) -> None:
+    """A collective of this rank gave up on its own timeout (preflight's ranks time themselves
+    out): dump, ask every other rank for its dump and wait for them, as a crash does
+    (`crash_dump`); nothing when the launch asked for no dumps."""
+    if _installed and not _crashed:
+        crash_dump(_installed[0], why[:500], wait=wait)
 
 
 def install(folder: str) -> None:
@@ -133,10 +141,27 @@ def finished() -> None:
 
 
 def dump_on_error(info) -> None:
-    """Dump for an exception a runner caught itself (a forked rank's script), when installed."""
+    """Dump for an exception a runner caught itself (a forked rank's script), when installed
+    and not dumped for this crash already."""
     kind, value = info[0], info[1]
-    if _installed and kind is not None and not issubclass(kind, KeyboardInterrupt | SystemExit):
+    if not _installed or _crashed or kind is None:
+        return
+    if not issubclass(kind, KeyboardInterrupt | SystemExit):
         crash_dump(_installed[0], f"uncaught {kind.__name__}: {value}"[:500], info)
+
+
+def run(fn, *args):
+    """A rank's function, recorded: `fn(*args)` with the watcher installed when the launch
+    asked for dumps (DIR_ENV), a dump on an exception it raises (torchelastic catches it, not
+    the excepthook) and at its return (a forked rank ends with `os._exit`, without atexit)."""
+    install_from_env()
+    try:
+        result = fn(*args)
+    except BaseException:
+        dump_on_error(sys.exc_info())
+        raise
+    finished()
+    return result
 
 
 def install_from_env() -> None:

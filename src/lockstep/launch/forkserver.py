@@ -92,10 +92,7 @@ def in_environ(launcher: Launcher, fn, *args):
     launcher.adopt()
     from lockstep.forensics import recorder
 
-    recorder.install_from_env()  # when the launch asked for dumps (`lockstep.forensics`)
-    result = fn(*args)
-    recorder.finished()  # a forked rank ends with os._exit: no atexit
-    return result
+    return recorder.run(fn, *args)  # dumps when the launch asked for them (`lockstep.forensics`)
 
 
 def _exit_through_return(code: int = 0):

@@ -68,7 +68,9 @@ def standalone_config(nproc: int, name: str, **overrides):
     return LaunchConfig(**fields)
 
 
-def run_local(fn, args: tuple, nproc: int, name: str, device: str, preload=(), **overrides):
+def run_local(fn, args: tuple, nproc: int, name: str, device: str, preload=(), *,
+              timeout: float | None = None, forensics: Path | None = None,
+              **overrides):  # fmt: skip
     """Run `fn(*args)` on `nproc` local ranks for `device`; rank 0's return value.
 
     On CPU the ranks fork from a forkserver that imported `preload` (module names) once; on
@@ -76,40 +78,110 @@ def run_local(fn, args: tuple, nproc: int, name: str, device: str, preload=(), *
     such one, in rank order, is raised here. A rank that fails (an exception, a signal) ends in
     one LockstepError naming it; its traceback was already printed by torchelastic's error
     handler.
+
+    `forensics` (a folder, emptied first): the ranks record into torch's flight recorder and
+    dump it there on a crash, at their end and, past `timeout` seconds, before every rank is
+    killed (RankTimeout); the error then says who is out of step in which collective
+    (`lockstep.forensics.hang.summary`).
     """
+    import threading
+
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
-    from lockstep.errors import EXIT_FAIL, LockstepError
+    from lockstep.errors import EXIT_FAIL, LockstepError, RankTimeout
+    from lockstep.forensics import recorder
     from lockstep.redact import scrubbed_logger
 
     rank_environment(device, nproc)
+    env = dict(os.environ)
+    if forensics is not None:
+        from lockstep.forensics import collect, hang
+
+        hang.clear(forensics)
+        env = collect.environ(env, forensics, site=False)  # the ranks install it (`recorder.run`)
     if device == "cpu":
-        server = start_forkserver(preload)
-        entry, args = in_environ, (Launcher(server, dict(os.environ)), fn, *args)
+        server = start_forkserver(preload)  # before `killer`: it stays
+        entry, args = in_environ, (Launcher(server, env), fn, *args)
         overrides["start_method"] = "forkserver"
     else:
-        entry, args = spawned_rank, (os.getpid(), fn, *args)
+        entry, args = spawned_rank, (os.getpid(), recorder.run, fn, *args)
         overrides["start_method"] = "spawn"
+    expired, kill, ended = [], killer(), threading.Event()
+
+    def expire():
+        expired.append(True)
+        if forensics is not None:
+            collect.request(forensics, nproc)  # every live rank dumps, then dies
+        while not ended.is_set():  # and a rank a busy forkserver forks only now
+            kill()
+            ended.wait(0.2)
+
+    def report(crashed: bool = False) -> str:
+        if forensics is None:
+            return ""
+        return hang.summary(forensics, world=nproc, findings_only=crashed)
+
+    timer = threading.Timer(timeout, expire) if timeout else None
     try:
-        with launch_scope() as logs, scrubbed_logger():
+        with launch_scope() as logs, scrubbed_logger(), _environ(env):
             config = standalone_config(nproc, name, logs_specs=logs, **overrides)
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
             results = elastic_launch(config, entry)(*args)
     except ChildFailedError as exc:
+        if expired:
+            raise RankTimeout(
+                f"{nproc} {name} ranks did not finish within {timeout:g} s and were killed "
+                f"(--timeout){report()}"
+            ) from None
         rank, failure = exc.get_first_failure()
         raise LockstepError(
-            f"rank {rank} failed with exit code {failure.exitcode}; its traceback is above",
+            f"rank {rank} failed with exit code {failure.exitcode}; its traceback is above"
+            f"{report(crashed=True)}",
             EXIT_FAIL,
         ) from None
+    except BaseException:
+        kill()  # interrupted: whatever a rank started too
+        raise
+    finally:
+        ended.set()
+        if timer is not None:
+            timer.cancel()
+        if forensics is not None and forensics.is_dir():
+            collect.scrub(forensics)
     for rank in sorted(results):
         if isinstance(results[rank], LockstepError):
             raise results[rank]
     return results[0]
 
 
-def run_local_cli(nproc: int, argv: list[str]) -> int:
+@contextlib.contextmanager
+def _environ(env: dict):
+    """While inside: this process's environment is `env` (spawned ranks inherit it), the
+    one before restored after."""
+    saved = dict(os.environ)
+    if env == saved:
+        yield
+        return
+    try:
+        os.environ.clear()
+        os.environ.update(env)
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def run_local_cli(nproc: int, argv: list[str], forensics: Path | None = None) -> int:
     """Run `python -m lockstep *argv` on `nproc` local ranks; the exit code they agree on
-    (rank 0 decides it), or EXIT_TIMEOUT when a rank was killed by a signal (a missing rank)."""
+    (rank 0 decides it), or EXIT_TIMEOUT when a rank was killed by a signal (a missing rank).
+
+    `forensics` (a folder, emptied first): the ranks record into torch's flight recorder; a
+    rank whose collective times out asks every rank for its dump there
+    (`lockstep.forensics.recorder.timed_out`), and on EXIT_TIMEOUT one more line on stderr
+    says who is out of step in which collective (`lockstep.forensics.hang.summary`)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
@@ -120,15 +192,28 @@ def run_local_cli(nproc: int, argv: list[str]) -> int:
     level = agent.level
     agent.setLevel(logging.CRITICAL)
     program, args = dying_with_parent(sys.executable, ["-m", "lockstep", *argv])
+    env = dict(os.environ)
+    if forensics is not None:
+        from lockstep.forensics import collect, hang
+
+        hang.clear(forensics)
+        env = collect.environ(env, forensics)  # new interpreters: `forensics/site/`
+    code = EXIT_OK
     try:
-        with launch_scope() as logs:
+        with launch_scope() as logs, _environ(env):
             elastic_launch(standalone_config(nproc, argv[0], logs_specs=logs), program)(*args)
     except ChildFailedError as err:
         codes = {f.exitcode for f in err.failures.values()}
-        return max(codes) if codes <= {EXIT_FAIL, EXIT_USAGE, EXIT_TIMEOUT} else EXIT_TIMEOUT
+        code = max(codes) if codes <= {EXIT_FAIL, EXIT_USAGE, EXIT_TIMEOUT} else EXIT_TIMEOUT
     finally:
         agent.setLevel(level)  # a later launch in this process reports its ranks' failures
-    return EXIT_OK
+        if forensics is not None and forensics.is_dir():
+            collect.scrub(forensics)
+    if code == EXIT_TIMEOUT and forensics is not None:
+        found = hang.summary(forensics, world=nproc)
+        if found:
+            print(f"lockstep: {argv[0]} timed out{found}", file=sys.stderr, flush=True)
+    return code
 
 
 def multinode_config(
@@ -283,13 +368,15 @@ def run_command(argv: list[str], nproc: int, log: Path, *, env: dict, timeout: f
         env = collect.environ(env, forensics)
         if run_path:
             args[0] = Launcher(server, env)
-    expired, kill = [], killer()
+    expired, kill, ended = [], killer(), threading.Event()
 
     def expire():
         expired.append(True)
         if forensics is not None:
             collect.request(forensics, nproc)  # every live rank dumps, then dies
-        kill()
+        while not ended.is_set():  # and a rank a busy forkserver forks only now
+            kill()
+            ended.wait(0.2)
 
     timer = threading.Timer(timeout, expire)
     timer.daemon = True
@@ -309,6 +396,7 @@ def run_command(argv: list[str], nproc: int, log: Path, *, env: dict, timeout: f
             kill()  # interrupted: whatever a rank started in a session of its own too
             raise
         finally:
+            ended.set()
             timer.cancel()
             if forensics is not None and forensics.is_dir():
                 collect.scrub(forensics)

@@ -80,16 +80,13 @@ class Exit:
     def hang_report(self) -> str:
         """For a timed-out launch's one-line error: the report's headlines (who is out of step in
         which collective) and where the whole report is, ranks' stacks included; '' without
-        dumps. The whole report is written scrubbed beside the dumps, as report.txt."""
-        report = self.report()
-        if report is None:
+        dumps. The whole report is written scrubbed beside the dumps, as report.txt
+        (`lockstep.forensics.hang.summary`)."""
+        if self.forensics is None:
             return ""
-        from lockstep.redact import scrub_text
+        from lockstep.forensics import hang
 
-        whole = self.forensics / "report.txt"
-        whole.write_text(scrub_text(report.text()) + "\n")
-        headlines = [scrub_text(ln) for ln in report.lines() if not ln.startswith(" ")]
-        return f"; flight recorder: {'; '.join(headlines)} (report: {whole})"
+        return hang.summary(self.forensics, self.text)
 
     def tolerated(
         self,

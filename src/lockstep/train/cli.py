@@ -20,6 +20,11 @@ def register(subparsers) -> None:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override a config field, e.g. --set engine.name=zero3 (repeatable)",
     )  # fmt: skip
+    train.add_argument(
+        "--timeout", type=float, default=None, metavar="S",
+        help="with --nproc: kill the ranks after S seconds, their flight recorders dumped into "
+        "OUT/flight-recorder/ and the collective each is in named (default: no limit)",
+    )  # fmt: skip
     train.set_defaults(func=run_train)
 
     ds = subparsers.add_parser(
@@ -48,8 +53,10 @@ def run_train(args: argparse.Namespace) -> int:
         if args.nproc < 1:
             raise UsageError(f"--nproc {args.nproc}: need at least 1")
         _check_before_start(cfg, args.nproc, out)
-        print(f"lockstep: {_start_local_ranks(cfg, args.nproc, out)}")
+        print(f"lockstep: {_start_local_ranks(cfg, args.nproc, out, args.timeout)}")
         return 0
+    if args.timeout is not None:
+        raise UsageError(f"--timeout is for --nproc local ranks; {info.launcher} started this one")
     _share_cores(cfg, info)
     from lockstep.train.trainer import run_training
 
@@ -89,15 +96,17 @@ def _check_before_start(cfg, world_size: int, out_dir: Path) -> None:
         checkpoint.check_compatible(manifest, path, cfg.engine.name)
 
 
-def _start_local_ranks(cfg, nproc: int, out_dir: Path) -> str:
-    """Start `nproc` ranks on this machine, wait for them; rank 0's summary, or the first
-    failing rank's as a LockstepError."""
+def _start_local_ranks(cfg, nproc: int, out_dir: Path, timeout: float | None = None) -> str:
+    """Start `nproc` ranks on this machine, wait for them (at most `timeout` seconds); rank 0's
+    summary, or the first failing rank's as a LockstepError. The ranks' flight-recorder dumps
+    go to OUT/flight-recorder/ (`lockstep.forensics`)."""
     from lockstep.launch import run_local
     from lockstep.train.trainer import rank_modules
 
     config = cfg.model_dump(mode="json")
     return run_local(rank_main, (config, str(out_dir)), nproc, "train", cfg.resolved_device(),
-                     preload=[__name__, *rank_modules(cfg)])  # fmt: skip
+                     preload=[__name__, *rank_modules(cfg)], timeout=timeout,
+                     forensics=out_dir / "flight-recorder")  # fmt: skip
 
 
 def rank_main(config: dict, out_dir: str):

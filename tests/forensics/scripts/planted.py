@@ -1,13 +1,17 @@
 """A user's script with a planted fault (no lockstep import): `python planted.py MODE ODD`.
 
 hang: rank ODD calls broadcast where the others all_gather (they block in gloo);
+python: after all_reduce, all_gather, all_reduce, all_gather, rank ODD blocks in Python
+where the others all_reduce (#5);
 size: rank ODD all_reduces 8 floats where the others 4 (gloo aborts or lets it through);
+small: rank ODD all_reduces 2 floats where the others 4;
 jobdump DIR: after all_reduce, all_gather, all_reduce, all_gather, rank ODD starts an
 all_gather where the others an all_reduce (not waited for), and every rank writes its own
 flight-recorder dump to DIR, as a cluster job would."""
 
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -22,8 +26,16 @@ if mode == "hang":
         dist.broadcast(t, 0)
     else:
         dist.all_gather([torch.zeros(4) for _ in range(world)], t)
-elif mode == "size":
-    dist.all_reduce(torch.ones(8 if rank == odd else 4))
+elif mode == "python":
+    out = [torch.zeros(4) for _ in range(world)]
+    dist.all_gather(out, t), dist.all_reduce(t), dist.all_gather(out, t)
+    if rank == odd:
+        while True:  # blocked in Python, no collective pending
+            time.sleep(3600)
+    dist.all_reduce(t)
+elif mode in ("size", "small"):
+    theirs = 8 if mode == "size" else 2
+    dist.all_reduce(torch.ones(theirs if rank == odd else 4))
 else:
     out = [torch.zeros(4) for _ in range(world)]
     dist.all_gather(out, t), dist.all_reduce(t), dist.all_gather(out, t)
