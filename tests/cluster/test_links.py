@@ -1,4 +1,4 @@
-"""The link stage on the bed (issue 23), on by default for a job on more than one host. The bed
+"""The link stage on the bed (issue 23), with --links (opt-in for now). The bed
 shapes every node's link with tc tbf (`bed.LINK_RATE`, a small burst), so a clean link's
 bandwidth is set by tc, not by this machine's two busy cores, and the stage's messages (4 MiB on
 CPU) are 64 times the burst. One rank per node, started directly with the generic launcher
@@ -73,7 +73,7 @@ def preflight(bed: Cluster, name: str, *, timeout: float = 60, env=None, port=29
             "MASTER_PORT": str(port),
             **((env or {}).get(k, {})),
         }
-        argv = [bed.python, "-m", "lockstep", "preflight", "--timeout", str(timeout)]
+        argv = [bed.python, "-m", "lockstep", "preflight", "--links", "--timeout", str(timeout)]
         argv += extra
         if k == 0:
             argv += ["--json", str(report), "--exclude-out", str(exclude)]

@@ -70,7 +70,7 @@ def register(subparsers) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="measure point-to-point bandwidth between node pairs and name a slow node or link "
-        "(default: on when the ranks span more than one host)",
+        "(default: off; on CPU a rank starved of CPU still reads as a slow link)",
     )
     pre.add_argument(
         "--min-link-gbps",
