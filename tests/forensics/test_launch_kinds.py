@@ -183,3 +183,32 @@ def test_sizes_that_differ_name_collective_seq_and_rank(tmp_path, nproc, odd):
     else:
         assert ("flight recorder: rank 3 entered all_reduce #2 with [8] Float while ranks 0-2 "
                 "entered all_reduce #2 with [4] Float") in cause, cause  # fmt: skip
+
+
+def test_a_rank_gloo_aborted_when_the_others_went_on_is_named_at_their_last(tmp_path):
+    """No rank waits (rank 0 finished its all_reduce #5, gloo let the smaller message through)
+    and rank 1 died of SIGABRT without a dump: the last collective rank 0 entered is named,
+    with the sizes gloo's message gives for rank 1 (torchrun's summary and gloo's line, as the
+    launch's log has them)."""
+    from lockstep.forensics import hang
+    from support.flight_recorder import dump, pickled
+
+    (tmp_path / "rank_0").write_bytes(pickled(dump(2, HISTORY_5, completed=5)))
+    log = (
+        "op.preamble.length <= op.nbytes. 32 vs 16. Received data size doesn't match expected "
+        "size.\nFatal Python error: Aborted\n" + "=" * 60 + "\nFailures:\n  <NO_OTHER_FAILURES>\n"
+        "Root Cause (first observed failure):\n[0]:\n  time      : now\n  host      : localhost\n"
+        "  rank      : 1 (local_rank: 1)\n  exitcode  : -6 (pid: 7)\n" + "=" * 60 + "\n"
+    )
+    report = hang.report(tmp_path, log, world=2)
+    (f,) = report.findings
+    assert f.odd == [1] and f.seq == 5 and f.kind == "sizes differ"
+    assert f.headline == (
+        "rank 1's all_reduce #5 differs in size: rank 1 aborted in gloo: received 32 bytes where "
+        'its own call expected 16 ("Received data size doesn\'t match expected size"); rank 0 '
+        "entered all_reduce #5 with [4] Float"
+    )
+    assert report.no_dump == []
+
+
+HISTORY_5 = ["all_reduce", "all_gather", "all_reduce", "all_gather", "all_reduce"]
