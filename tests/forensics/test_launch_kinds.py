@@ -4,7 +4,8 @@ recorders (real gloo ranks, torch's own recorder; short timeouts): `lockstep tra
 of hang on 2 and 4 real ranks (the pure analysis has them on dumps: test_analysis.py).
 
 A timeout too short for a loaded machine ends the run before the fault is reached; each test
-then doubles it (`_until`), a few times at most.
+then doubles it (`_until`), a few times at most; the time the session's forkserver takes to
+import its preload is not counted against it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ REPORT = re.compile(r"\(report: (\S+report\.txt)\)")
 
 
 def _until(attempt, timeout: float, tries: int = 3):
-    """`attempt(timeout)` -> (done, value) until done, doubling the timeout; the last value."""
+    """`attempt(timeout)` -> (done, value) until done, doubling the timeout; the last value.
+    First this process's forkserver has imported its preload (the session fixture starts it;
+    its first fork waits for that), so that a timeout counts the launch, not that."""
+    from lockstep.launch import forkserver_context
+
+    ready = forkserver_context().Process(target=os.getpid)
+    ready.start()
+    ready.join(300)
     for _ in range(tries):
         done, value = attempt(timeout)
         if done:
