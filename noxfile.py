@@ -85,8 +85,18 @@ def cluster(session: nox.Session) -> None:
     else:
         session.log("not root: ci/install-cluster.sh skipped; the bed needs root")
     bin_dir = locked_venv(session, "cpu")
+    # Two workers, a whole module each (a bed per module; two beds never collide): run one
+    # after another the tests keep about half of two cores busy (launchers, rendezvous and
+    # timeouts wait), docs/benchmarks.md.
+    xdist = ["-n", "2", "--dist", "loadfile"]
     session.run(
-        bin_dir / "pytest", "-m", "cluster", "tests/cluster", *session.posargs, external=True
+        bin_dir / "pytest",
+        "-m",
+        "cluster",
+        *xdist,
+        "tests/cluster",
+        *session.posargs,
+        external=True,
     )
 
 
