@@ -68,6 +68,27 @@ def standalone_config(nproc: int, name: str, **overrides):
     return LaunchConfig(**fields)
 
 
+def _expiry(forensics: Path | None, nproc: int):
+    """A launch's timeout: `expire()` (a timer's target) marks the launch expired, asks every
+    live rank for its flight-recorder dump when `forensics` is a folder, then kills until the
+    launch sets `ended` (a rank a busy forkserver forks only now dies too)."""
+    import threading
+
+    expired, kill, ended = [], killer(), threading.Event()
+
+    def expire():
+        expired.append(True)
+        if forensics is not None:
+            from lockstep.forensics import collect
+
+            collect.request(forensics, nproc)  # every live rank dumps, then dies
+        while not ended.is_set():
+            kill()
+            ended.wait(0.2)
+
+    return expired, kill, ended, expire
+
+
 def run_local(fn, args: tuple, nproc: int, name: str, device: str, preload=(), *,
               timeout: float | None = None, forensics: Path | None = None,
               **overrides):  # fmt: skip
@@ -107,15 +128,7 @@ def run_local(fn, args: tuple, nproc: int, name: str, device: str, preload=(), *
     else:
         entry, args = spawned_rank, (os.getpid(), recorder.run, fn, *args)
         overrides["start_method"] = "spawn"
-    expired, kill, ended = [], killer(), threading.Event()
-
-    def expire():
-        expired.append(True)
-        if forensics is not None:
-            collect.request(forensics, nproc)  # every live rank dumps, then dies
-        while not ended.is_set():  # and a rank a busy forkserver forks only now
-            kill()
-            ended.wait(0.2)
+    expired, kill, ended, expire = _expiry(forensics, nproc)
 
     def report(crashed: bool = False) -> str:
         if forensics is None:
@@ -368,15 +381,7 @@ def run_command(argv: list[str], nproc: int, log: Path, *, env: dict, timeout: f
         env = collect.environ(env, forensics)
         if run_path:
             args[0] = Launcher(server, env)
-    expired, kill, ended = [], killer(), threading.Event()
-
-    def expire():
-        expired.append(True)
-        if forensics is not None:
-            collect.request(forensics, nproc)  # every live rank dumps, then dies
-        while not ended.is_set():  # and a rank a busy forkserver forks only now
-            kill()
-            ended.wait(0.2)
+    expired, kill, ended, expire = _expiry(forensics, nproc)
 
     timer = threading.Timer(timeout, expire)
     timer.daemon = True
