@@ -37,7 +37,28 @@ def _imported(name: str) -> bool:
     return module is not None and not getattr(spec, "_initializing", False)
 
 
-def dump(folder: str, why: str, exc=None) -> None:
+def _timed_out_in_last(data: bytes) -> bytes:
+    """This rank's record with its last collective marked not completed: gloo counts a
+    collective that timed out as completed (`pg_status`), so a rank whose own timeout fired
+    would read as having finished the collective it waits in. The last collective it issued
+    (the highest `record_id`) is that one; the dump is this process's own, from torch."""
+    import pickle
+
+    record = pickle.loads(data)
+    entries = [e for e in record.get("entries") or [] if not e.get("is_p2p")]
+    if not entries:
+        return data
+    last = max(entries, key=lambda e: e.get("record_id", 0))
+    pg = last.get("process_group") or (str(last.get("pg_id", 0)), "")
+    status = (record.get("pg_status") or {}).get(str(pg[0]))
+    seq = int(last.get("collective_seq_id") or 0)
+    if isinstance(status, dict) and int(status.get("last_completed_collective", -1)) >= seq:
+        status["last_completed_collective"] = seq - 1
+        record["lockstep_timed_out_in"] = {"process_group": str(pg[0]), "collective_seq_id": seq}
+    return pickle.dumps(record)
+
+
+def dump(folder: str, why: str, exc=None, timed_out: bool = False) -> None:
     """Write this rank's flight recorder (first: a rank may be killed soon after), then its
     Python stacks, into `folder`; never raises. A rank still importing torch has no recorder
     to dump (and the import lock is its main thread's): stacks only."""
@@ -49,6 +70,8 @@ def dump(folder: str, why: str, exc=None) -> None:
     if _imported("torch") and _imported("torch.distributed"):
         try:
             data = compat.dump_flight_recorder()
+            if timed_out:
+                data = _timed_out_in_last(data)
         except Exception:  # no process group, or a torch without the recorder
             data = None
     if data is not None:
@@ -80,12 +103,12 @@ def _watch(folder: str) -> None:
         dump(folder, "asked (the run timed out, or another rank crashed)")
 
 
-def crash_dump(folder: str, why: str, exc=None, wait: float = 3.0) -> None:
+def crash_dump(folder: str, why: str, exc=None, wait: float = 3.0, timed_out: bool = False) -> None:
     """This rank is crashing: dump, ask every other rank for its dump (they are still alive,
     blocked where the crash left them, until the launcher stops them) and wait up to `wait`
     seconds for them (WORLD_SIZE) before this rank's exit makes the launcher kill them."""
     _crashed.append(why)
-    dump(folder, why, exc)
+    dump(folder, why, exc, timed_out)
     try:
         open(os.path.join(folder, TRIGGER), "a").close()
     except OSError:
@@ -107,7 +130,7 @@ def timed_out(why: str, wait: float = 3.0) -> None:
     out): dump, ask every other rank for its dump and wait for them, as a crash does
     (`crash_dump`); nothing when the launch asked for no dumps."""
     if _installed and not _crashed:
-        crash_dump(_installed[0], why[:500], wait=wait)
+        crash_dump(_installed[0], why[:500], wait=wait, timed_out=True)
 
 
 def install(folder: str) -> None:
