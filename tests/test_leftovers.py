@@ -34,7 +34,16 @@ def start(tmp_path: Path, *args: str, cwd: Path | None = None) -> subprocess.Pop
     (tmp_path / "marks").mkdir(exist_ok=True)
     env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
     return subprocess.Popen([sys.executable, "-m", "lockstep", *args], cwd=cwd or tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ctrl_c_as_in_a_terminal)  # fmt: skip
+
+
+def _ctrl_c_as_in_a_terminal() -> None:
+    """lockstep starts with SIGINT's default disposition, as from a terminal: a test run
+    started in the background of a non-interactive shell (`cmd &`, nohup) inherits SIGINT
+    ignored, and Python then installs no KeyboardInterrupt handler, so a Ctrl-C test would
+    time out on that set-up and pass on another."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def ranks_up(proc: subprocess.Popen, marks: Path, n: int, timeout: float = 120) -> list[int]:
