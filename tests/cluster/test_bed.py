@@ -165,6 +165,9 @@ def test_killing_the_owner_leaves_nothing_behind(how):
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # SIGINT's default disposition, as from a terminal: under a run started with `&` or
+        # nohup it is inherited ignored, and Python would then install no KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         info = json.loads(holder.stdout.readline())
