@@ -92,7 +92,7 @@ def run_rank(info: RankInfo, args) -> int:
     except RuntimeError as err:  # torch.distributed's errors, timeouts included
         from lockstep.forensics import recorder
 
-        # --nproc: every rank dumps; on a loaded 2-core machine the others took over 3 s to
+        # --nproc: every rank dumps (on a loaded 2-core machine the others needed over 3 s)
         recorder.timed_out(f"preflight: {_first_line(err)}", wait=10.0)
         silent = _silent_ranks(store, info, args.timeout)
         if silent:
