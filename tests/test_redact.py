@@ -2,6 +2,7 @@
 
 import hashlib
 import itertools
+import re
 import subprocess
 import sys
 
@@ -52,7 +53,9 @@ def test_secret_names_are_redacted_but_comparable():
 )
 def test_free_text_forms_are_scrubbed(text, secret):
     out = scrub_text(text)
-    assert secret not in out and "<redacted:" in out, out
+    # the HMAC shown may hold the secret's digits by chance ("<redacted:8ad06048af999907>")
+    assert secret not in re.sub(r"<redacted:[0-9a-f]{16}>", "<redacted>", out), out
+    assert "<redacted:" in out, out
 
 
 def test_ordinary_text_passes_through():
@@ -190,7 +193,9 @@ def test_known_token_shapes_are_redacted_wherever_they_stand(kind, template):
 )
 def test_forms_that_leaked_are_scrubbed(text, secret):
     out = scrub_text(text)
-    assert secret not in out and "<redacted:" in out, out
+    # the HMAC shown may hold the secret's digits by chance ("<redacted:8ad06048af999907>")
+    assert secret not in re.sub(r"<redacted:[0-9a-f]{16}>", "<redacted>", out), out
+    assert "<redacted:" in out, out
 
 
 def test_a_yaml_block_keeps_its_shape_and_what_follows():

@@ -77,8 +77,9 @@ def worktree(repo: Path, ref: str, into: Path) -> Path:
 
 def remove_worktree(repo: Path, target: Path) -> None:
     """Remove the worktree at `target`, also one `git worktree add` left half made (then
-    only prune knows it), and its folder."""
-    for args in (["remove", "--force", str(target)], ["prune"]):
+    only prune knows it, or one locked "initializing" by a git that was killed), and its
+    folder."""
+    for args in (["unlock", str(target)], ["remove", "--force", "--force", str(target)], ["prune"]):
         try:
             subprocess.run(["git", "-C", str(repo), "worktree", *args], capture_output=True,
                            timeout=120)  # fmt: skip
@@ -208,7 +209,10 @@ def run_ab(
     with signals_raise():
         tmp = Path(tempfile.mkdtemp(prefix="lockstep-ab-"))
         try:
-            base_tree = worktree(head_tree, ref, tmp)
+            # git killed mid-add (subprocess.run kills its child when a signal raises) leaves
+            # the worktree registered and locked "initializing"; a signal waits for the add.
+            with signals_deferred():
+                base_tree = worktree(head_tree, ref, tmp)
             wd = workdir or tmp / "runs"
             base, head = alternate(job, base_tree, head_tree, rounds, wd, progress)
         finally:
