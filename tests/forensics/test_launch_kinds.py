@@ -174,6 +174,19 @@ def test_a_new_interpreter_on_4_ranks_blocked_in_gloo_is_named(tmp_path):
     assert 'planted.py", line' in f.stacks[3]
 
 
+@pytest.mark.parametrize(("nproc", "odd"), [(2, 1), (4, 0)])
+def test_a_rank_that_skips_a_collective_is_named(tmp_path, nproc, odd):
+    """New interpreters blocked in gloo: rank ODD skipped all_reduce #5 and waits in the
+    all_gather after it; on 4 ranks the culprit is rank 0 (torch's analyzer blames others)."""
+    report = _hung("skip", odd, nproc, tmp_path, run_path=False, timeout=6.0)
+    (f,) = report.findings
+    others = {2: "rank 0 waits", 4: "ranks 1-3 wait"}[nproc]
+    assert f.odd == [odd] and f.kind == "skipped" and f.seq == 5, report.text()
+    assert f.headline.startswith(f"rank {odd} skipped all_reduce #5: entered all_gather, the "
+                                 f"collective after it while {others} in all_reduce #5"), f.headline  # fmt: skip
+    assert 'planted.py", line' in f.stacks[odd]
+
+
 @pytest.mark.parametrize(("nproc", "odd"), [(2, 0), (4, 3)])
 def test_sizes_that_differ_name_collective_seq_and_rank(tmp_path, nproc, odd):
     """Rank ODD all_reduces 8 floats where the others 4. On 2 ranks gloo aborts the other

@@ -4,6 +4,8 @@ hang: rank ODD calls broadcast where the others all_gather (they block in gloo);
 python: after all_reduce, all_gather, all_reduce, all_gather, rank ODD blocks in Python
 where the others all_reduce (#5);
 size: rank ODD all_reduces 8 floats where the others 4 (gloo aborts or lets it through);
+skip: after all_reduce, all_gather, all_reduce, all_gather, rank ODD skips all_reduce #5 and
+enters the all_gather after it (as the others' history predicts) while the others all_reduce;
 small: rank ODD all_reduces 2 floats where the others 4;
 jobdump DIR: after all_reduce, all_gather, all_reduce, all_gather, rank ODD starts an
 all_gather where the others an all_reduce (not waited for), and every rank writes its own
@@ -33,6 +35,12 @@ elif mode == "python":
         while True:  # blocked in Python, no collective pending
             time.sleep(3600)
     dist.all_reduce(t)
+elif mode == "skip":
+    out = [torch.zeros(4) for _ in range(world)]
+    dist.all_gather(out, t), dist.all_reduce(t), dist.all_gather(out, t)
+    if rank != odd:
+        dist.all_reduce(t)
+    dist.all_gather(out, t)
 elif mode in ("size", "small"):
     theirs = 8 if mode == "size" else 2
     dist.all_reduce(torch.ones(theirs if rank == odd else 4))
