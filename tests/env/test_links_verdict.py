@@ -206,3 +206,113 @@ def test_cpu_measures_local_rank_0_between_nodes_every_rank_within():
     assert [plan_partner(lay, r, [(0, 1)]) for r in range(4)] == [2, 3, 0, 1]  # every rail
     assert [plan_partner(lay, r, [(0, 1)], rails=1) for r in range(4)] == [2, None, 0, None]
     assert [plan_partner(lay, r, None, rails=1) for r in range(4)] == [1, 0, 3, 2]
+
+
+def _assess4(links):
+    n = 4
+    hosts, ranks, local = [f"n{k}" for k in range(n)], [[k] for k in range(n)], [0] * n
+    cross = [{**x, "ranks": [x["a"], x["b"]]} for x in links]
+    return lv.assess(hosts=hosts, ranks=ranks, local=local, cross=cross, timeout_s=5)
+
+
+def test_starved_links_are_not_judged_never_named():
+    """A node whose rank was starved of CPU in every transfer: its links read slow, but the
+    verdict names no slow node or link on them; they are reported as not judged (section,
+    warnings) and the run passes. The same readings unstarved name the node."""
+    links = measure(lv.round_robin(4), slow_nodes={2}, noise=0.02)
+    slow = _assess4(links)
+    assert [s["host"] for s in slow["slow_nodes"]] == ["n2"] and slow["exit_code"] == 1
+    for x in links:
+        if 2 in (x["a"], x["b"]):
+            x.update(starved=0.8, reps=6, starved_reps=6, extra_reps=4, cpu_wait_known=True)
+        else:
+            x.update(reps=2, starved_reps=0, extra_reps=0, cpu_wait_known=True)
+    out = _assess4(links)
+    assert out["slow_nodes"] == [] and out["slow_links"] == [] and out["exclude"] == []
+    assert out["kind"] is None and out["exit_code"] == 0 and out["problems"] == []
+    assert sorted(tuple(x["hosts"]) for x in out["not_judged"]) == [
+        ("n0", "n2"),
+        ("n1", "n2"),
+        ("n2", "n3"),
+    ]
+    assert all(x["starved"] == 0.8 and x["gbps"] < 30 for x in out["not_judged"])
+    assert len(out["warnings"]) == 3 and "not judged: CPU-starved" in out["warnings"][0]
+    assert "80% of the transfer" in out["warnings"][0]
+    assert out["typical_gbps"] > 90  # the judged links alone
+    assert out["cpu_wait"] == {
+        "threshold": lv.STARVED_FRACTION,
+        "reps": 3 * 6 + 3 * 2,
+        "starved_reps": 18,
+        "extra_reps": 12,
+        "starved_links": 3,
+        "known": True,
+    }
+    assert out["rails"][0]["starved"] == 3 and out["rails"][0]["links"] == 6
+    # the table (terminal and step summary) says so, slowest first: ls2's three links
+    from lockstep.env import report
+
+    lines = report.links_markdown(out)
+    assert "3 not judged, CPU-starved" in lines[1]
+    rows = [line for line in lines if line.startswith("| n")]
+    assert [r.endswith("| not judged (CPU-starved) |") for r in rows] == [True] * 3 + [False] * 3
+
+
+def test_a_starved_link_that_reads_fast_is_fine_and_one_unstarved_reading_judges():
+    links = measure(lv.round_robin(4), slow_links={(0, 3)}, noise=0.02)
+    for x in links:
+        if (x["a"], x["b"]) in ((0, 1), (0, 3)):
+            x["starved"] = 0.5  # (0, 1) fast all the same: a lower bound that clears the bar
+    out = _assess4(links)
+    assert out["not_judged"] and [x["hosts"] for x in out["not_judged"]] == [["n0", "n3"]]
+    assert out["kind"] is None and out["warnings"]
+    again = [
+        {**x, "round": 9, "gbps": x["gbps"] * 0.9} for x in links if (x["a"], x["b"]) == (0, 3)
+    ]
+    for x in again:
+        x.pop("starved")  # measured again with both ends on a CPU: still slow
+    named = _assess4(links + again)
+    assert named["kind"] == "slow_link" and named["not_judged"] == []
+    assert [s["hosts"] for s in named["slow_links"]] == [["n0", "n3"]]
+
+
+def test_best_of_keeps_starved_only_when_every_measurement_was():
+    a = {"a": 0, "b": 1, "rail": 0, "round": 0, "gbps": 40.0, "starved": 0.7}
+    b = {"a": 0, "b": 1, "rail": 0, "round": 3, "gbps": 35.0}
+    c = {"a": 0, "b": 1, "rail": 0, "round": 4, "gbps": 45.0, "starved": 0.4}
+    merged = lv.best_of([a, b])[0]
+    assert merged["gbps"] == 40.0 and "starved" not in merged  # b was not starved
+    merged = lv.best_of([a, c])[0]
+    assert merged["gbps"] == 45.0 and merged["starved"] == 0.4 and merged["measurements"] == 2
+
+
+def test_starved_slow_links_are_measured_again():
+    n = 4
+    links = measure(lv.round_robin(n), slow_links={(1, 2)}, noise=0.0)
+    for x in links:
+        if (x["a"], x["b"]) == (1, 2):
+            x["starved"] = 0.6
+    assert [p for r in lv.confirm_rounds(n, links) for p in r] == [(1, 2)]
+    assert lv.suspects(n, links) == [1, 2]
+
+
+def test_pair_links_marks_a_link_starved_by_its_slower_direction():
+    from lockstep.env.links import Layout, _pair_links
+
+    lay = Layout(hosts=["a", "b", "c"], ranks=[[0], [1], [2]], local=[0, 0, 0])
+    rec = {"latency_us": 50.0, "round": 0, "intra": False, "reps": 2, "extra_reps": 0}
+    records = {
+        0: [{**rec, "peer": 1, "gbps_out": 0.5, "starved": 0.6, "starved_reps": 6, "reps": 6}],
+        1: [
+            {**rec, "peer": 0, "gbps_out": 0.9, "starved_reps": 0},
+            {**rec, "round": 1, "peer": 2, "gbps_out": 0.5, "starved_reps": 0},
+        ],
+        2: [{**rec, "round": 1, "peer": 1, "gbps_out": 0.4, "starved": 0.3, "starved_reps": 2}],
+    }
+    cross, intra = _pair_links(lay, records)
+    assert intra == []
+    first, second = cross
+    assert first["gbps"] == 0.5 and first["starved"] == 0.6  # the slower way was starved
+    assert first["reps"] == 8 and first["starved_reps"] == 6
+    assert second["gbps"] == 0.4 and second["starved"] == 0.3
+    records[1][1]["gbps_out"] = 0.4  # the other way as slow, unstarved: the reading stands
+    assert "starved" not in _pair_links(lay, records)[0][1]

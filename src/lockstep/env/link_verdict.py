@@ -30,6 +30,14 @@ to nodes not yet named, when that share is over half (and it has at least two su
 **slow node**; the slow links left, between nodes that are fine elsewhere, are **slow links**.
 The exclude list takes every slow node, for a slow link the end whose other links are slower
 (both when the difference is within the spread), and every node that never joined.
+
+CPU starvation. A rank that waits for a CPU moves data at the CPU's pace, not the link's, so
+each transfer carries its ends' run-queue wait (links.py); a measurement where the two ends
+together waited more than `STARVED_FRACTION` of the transfer is starved. A link is `starved`
+when every measurement of it was (its best reading then says only that the link is at least
+that fast). Starved links are left out of the verdict: one that still clears the threshold is
+fine, one below it is reported as not judged (`not_judged`, a warning), never as a slow link or
+node, and does not fail the run. The confirmation rounds measure those again too.
 """
 
 from __future__ import annotations
@@ -47,6 +55,12 @@ CONFIRM_ROUNDS = 2
 K_MAD = 4.0
 MIN_DROP = 0.25
 MAX_DROP = 0.6
+# A transfer is CPU-starved when its two ends together waited more than this fraction of it
+# for a CPU. Starvation slows a transfer by at most the time waited, so one whose ends waited at
+# most MIN_DROP of it ran at (1 - MIN_DROP) or more of its unstarved speed: a link at the typical
+# speed cannot be pushed under the slow threshold (typical less at least MIN_DROP of it) by such
+# waits. Above it the reading may be the CPU's pace, not the link's.
+STARVED_FRACTION = MIN_DROP
 
 Pair = tuple[int, int]
 Round = list[Pair]
@@ -117,10 +131,20 @@ def schedule(n: int, full_matrix: int = FULL_MATRIX, seed: int = 0) -> tuple[str
 
 
 def suspects(n: int, links: Sequence[dict], min_link_gbps: float | None = None) -> list[int]:
-    """Nodes with at least one slow link so far: both ends of each."""
-    st = _stats(n, links, min_link_gbps)
-    slow = st["slow"]
-    return sorted({*st["a"][slow].tolist(), *st["b"][slow].tolist()})
+    """Nodes with at least one slow link so far (or a starved one below the threshold): both
+    ends of each."""
+    again = _doubtful(n, links, min_link_gbps)
+    return sorted({e for x, bad in zip(links, again, strict=True) if bad for e in (x["a"], x["b"])})
+
+
+def _doubtful(n: int, links: Sequence[dict], min_link_gbps: float | None) -> list[bool]:
+    """Per link: slow (judged on the links not starved), or starved and below the threshold
+    those give: the links worth measuring again."""
+    judged = [x for x in links if not x.get("starved")]
+    threshold = min_link_gbps if min_link_gbps is not None else math.nan
+    if judged:
+        threshold = _stats(n, judged, min_link_gbps)["threshold"]
+    return [bool(x["gbps"] < threshold) for x in links]  # NaN threshold: nothing
 
 
 def best_of(links: Sequence[dict]) -> list[dict]:
@@ -128,17 +152,29 @@ def best_of(links: Sequence[dict]) -> list[dict]:
     drawn twice) as one link, the fastest, with `measurements` (how many). Contention for a
     shared CPU, bus or switch only ever slows a transfer, so the best of several is the link's
     speed (as nccl-tests and iperf report the best); a link that is slow stays slow every time
-    it is measured. Order: each pair where it first appears."""
+    it is measured. `starved` stays only when every measurement was starved (the least starved
+    fraction): one measurement with both ends on a CPU is the link's own speed. Order: each pair
+    where it first appears."""
     best: dict[tuple[int, int, int], dict] = {}
     for x in links:
         key = (min(x["a"], x["b"]), max(x["a"], x["b"]), x.get("rail", 0))
         cur = best.get(key)
-        count = 1 if cur is None else cur["measurements"] + 1
-        if cur is None or x["gbps"] > cur["gbps"]:
-            best[key] = {**x, "measurements": count}
-        else:
-            cur["measurements"] = count
+        if cur is None:
+            best[key] = {**x, "measurements": 1}
+            continue
+        starved = _starved_both(cur.get("starved"), x.get("starved"))
+        merged = {**x} if x["gbps"] > cur["gbps"] else cur
+        merged["measurements"] = cur["measurements"] + 1
+        merged.pop("starved", None)
+        if starved is not None:
+            merged["starved"] = starved
+        best[key] = merged
     return list(best.values())
+
+
+def _starved_both(a: float | None, b: float | None) -> float | None:
+    """Two measurements' starvation: starved only when both were (the lesser fraction)."""
+    return None if not a or not b else min(a, b)
 
 
 def confirm_rounds(
@@ -148,17 +184,17 @@ def confirm_rounds(
     min_link_gbps: float | None = None,
     rounds: int = CONFIRM_ROUNDS,
 ) -> list[Round]:
-    """Rounds that measure the slow links of the first pass again (judged rail by rail), at
-    most `rounds` of disjoint pairs: the links whose ends have the fewest other slow links
-    first. Those are the ones a single slowed transfer would make into a false slow link; a
-    slow node's many slow links confirm one another. Empty when nothing looked slow."""
+    """Rounds that measure the slow links of the first pass again (judged rail by rail; the
+    starved ones below the threshold too), at most `rounds` of disjoint pairs: the links whose
+    ends have the fewest other slow links first. Those are the ones a single slowed transfer
+    would make into a false slow link; a slow node's many slow links confirm one another. Empty
+    when nothing looked slow."""
     merged = best_of(links)
     pairs: set[Pair] = set()
     for rail in sorted({x.get("rail", 0) for x in merged}):
         mine = [x for x in merged if x.get("rail", 0) == rail]
-        st = _stats(n, mine, min_link_gbps)
-        for x, slow in zip(mine, st["slow"].tolist(), strict=True):
-            if slow:
+        for x, again in zip(mine, _doubtful(n, mine, min_link_gbps), strict=True):
+            if again:
                 pairs.add((min(x["a"], x["b"]), max(x["a"], x["b"])))
     degree = [0] * n
     for a, b in pairs:
@@ -411,12 +447,15 @@ def assess(
     """The report's `links` section: each rail judged on its own (local rank i of every node),
     findings named by host, local rank and rank; `problems` (one line each), `kind` (the first
     finding: dropped, slow_node, slow_link, or None) and `exit_code` (3 when a node dropped out
-    or a transfer failed, 1 for a slow node or link, else 0)."""
+    or a transfer failed, 1 for a slow node or link, else 0). Links `starved` of CPU in every
+    measurement are judged by none of that: below the threshold they are `not_judged`, with a
+    line each in `warnings`, and change neither `kind` nor `exit_code`."""
     from lockstep.env.hostlist import compress
 
     failed = failed or {}
     n = len(hosts)
     rounds_run = len({x["round"] for x in [*cross, *intra]})
+    cpu_wait = _cpu_wait([*cross, *intra])
     cross = best_of(cross)  # a pair measured again (confirmation): its best
     node_of = {r: k for k, rs in enumerate(ranks) for r in rs}
     silent_nodes = sorted({node_of[r] for r in silent if r in node_of})
@@ -445,13 +484,15 @@ def assess(
 
     rails = max((len(rs) for rs in ranks), default=0)
     per_rail = []
-    slow_nodes, slow_links = [], []
+    slow_nodes, slow_links, not_judged = [], [], []
+    warnings: list[str] = []
     exclude: set[int] = set(silent_nodes)
     for rail in range(rails):
         mine = [x for x in cross if x["rail"] == rail]
         if not mine:
             continue
-        v = judge(n, mine, min_link_gbps=min_link_gbps, dropped=silent_nodes)
+        judged = [x for x in mine if not x.get("starved")]
+        v = judge(n, judged, min_link_gbps=min_link_gbps, dropped=silent_nodes)
         per_rail.append(
             {
                 "rail": rail,
@@ -459,8 +500,30 @@ def assess(
                 "spread_gbps": _r(v["spread_gbps"]),
                 "threshold_gbps": _r(v["threshold_gbps"]),
                 "links": len(mine),
+                "starved": len(mine) - len(judged),
             }
         )
+        for x in mine:
+            if not x.get("starved") or x["gbps"] >= v["threshold_gbps"]:
+                continue  # judged, or starved and fast all the same: fine (NaN: not judged)
+            a, b = x["a"], x["b"]
+            not_judged.append(
+                {
+                    "hosts": [hosts[a], hosts[b]],
+                    "nodes": [a, b],
+                    "rail": rail,
+                    "ranks": x["ranks"],
+                    "local_ranks": [local[r] for r in x["ranks"]],
+                    "gbps": _r(x["gbps"]),
+                    "typical_gbps": _r(v["typical_gbps"]),
+                    "starved": _r(x["starved"]),
+                }
+            )
+            warnings.append(
+                f"link {who(a, rail)} <-> {who(b, rail)} not judged: CPU-starved, its ends "
+                f"waited for a CPU {x['starved']:.0%} of the transfer in every measurement "
+                f"({_r(x['gbps'])} Gb/s measured, typical {_r(v['typical_gbps'])} Gb/s)"
+            )
         for s in v["slow_nodes"]:
             node = s["node"]
             slow_nodes.append(
@@ -504,7 +567,17 @@ def assess(
             kinds.append("slow_link")
         exclude |= set(v["exclude"])
 
-    intra_nodes = _judge_intra(n, intra, min_link_gbps) if judge_intra else []
+    intra_nodes = []
+    if judge_intra:
+        intra_nodes, starved_intra = _judge_intra(n, intra, min_link_gbps)
+        for s in starved_intra:
+            node = s["node"]
+            not_judged.append({**s, "host": hosts[node], "intra": True})
+            warnings.append(
+                f"node {who(node)} within the node not judged: CPU-starved, its ranks waited "
+                f"for a CPU {s['starved']:.0%} of the transfer in every measurement "
+                f"({s['gbps']} Gb/s measured, typical {s['typical_gbps']} Gb/s)"
+            )
     for s in intra_nodes:
         node = s["node"]
         slow_nodes.append({**s, "host": hosts[node], "intra": True})
@@ -537,6 +610,9 @@ def assess(
         "intra": [_clean(x) for x in intra],
         "slow_nodes": slow_nodes,
         "slow_links": slow_links,
+        "not_judged": not_judged,
+        "cpu_wait": cpu_wait,
+        "warnings": warnings,
         "dropped": [hosts[k] for k in silent_nodes],
         "silent_ranks": sorted(silent),
         "failed_ranks": {str(r): why for r, why in sorted(failed.items())},
@@ -553,26 +629,53 @@ def assess(
     return out
 
 
-def _judge_intra(n: int, intra: Sequence[dict], min_link_gbps: float | None) -> list[dict]:
+def _judge_intra(
+    n: int, intra: Sequence[dict], min_link_gbps: float | None
+) -> tuple[list[dict], list[dict]]:
     """Within-node bandwidth (GPUs: NVLink or PCIe), each node's slowest pair against the
-    median node; judged only with three nodes or more (or against --min-link-gbps)."""
+    median node; judged only with three nodes or more (or against --min-link-gbps). Returns
+    (slow nodes, nodes whose slowest pair was CPU-starved and below the threshold: not
+    judged); starved pairs are left out of the typical."""
     worst: dict[int, float] = {}
-    for x in intra:
-        worst[x["a"]] = min(worst.get(x["a"], math.inf), x["gbps"])
-    if not worst:
-        return []
+    starved: dict[int, tuple[float, float]] = {}  # node -> (its slowest starved pair, fraction)
+    for x in best_of(intra):
+        if x.get("starved"):
+            if x["gbps"] < starved.get(x["a"], (math.inf, 0.0))[0]:
+                starved[x["a"]] = (x["gbps"], x["starved"])
+        else:
+            worst[x["a"]] = min(worst.get(x["a"], math.inf), x["gbps"])
     values = list(worst.values())
     typical = _median(values)
-    spread = 1.4826 * _median([abs(v - typical) for v in values])
+    spread = 1.4826 * _median([abs(v - typical) for v in values]) if values else 0.0
     drop = min(MAX_DROP * typical, max(K_MAD * spread, MIN_DROP * typical))
     threshold = typical - drop if len(values) >= 3 else -1.0
     if min_link_gbps is not None:
         threshold = max(threshold, min_link_gbps)
-    return [
+    slow = [
         {"node": k, "gbps": _r(v), "typical_gbps": _r(typical)}
         for k, v in sorted(worst.items())
         if v < threshold
     ]
+    named = {s["node"] for s in slow}
+    unjudged = [
+        {"node": k, "gbps": _r(g), "typical_gbps": _r(typical), "starved": _r(f)}
+        for k, (g, f) in sorted(starved.items())
+        if g < threshold and k not in named
+    ]
+    return slow, unjudged
+
+
+def _cpu_wait(measured: Sequence[dict]) -> dict:
+    """The stage's transfers and how many were CPU-starved (`STARVED_FRACTION`) and measured
+    again, over every measurement (both directions of each); `known`: whether any rank could
+    read its run-queue wait."""
+    out = {"threshold": STARVED_FRACTION, "reps": 0, "starved_reps": 0, "extra_reps": 0}
+    for x in measured:
+        for key in ("reps", "starved_reps", "extra_reps"):
+            out[key] += x.get(key, 0)
+    out["starved_links"] = sum(1 for x in best_of(measured) if x.get("starved"))
+    out["known"] = any(x.get("cpu_wait_known") for x in measured)
+    return out
 
 
 def _clean(x: dict) -> dict:

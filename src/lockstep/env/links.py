@@ -7,8 +7,18 @@ on every node), then rounds of disjoint node pairs. In a round, local rank i of 
 with local rank i of the other (one NIC per GPU: each rail is measured; on CPU local rank 0
 only, see `stage_rails`), every pair at once; a barrier keeps rounds apart. A pair first
 ping-pongs a small message (latency), then each side sends `nbytes` to the other, timed until a
-one-element ack (the sender's clock; best of `REPS`). torch.distributed send/recv: gloo on
+two-float ack (the sender's clock; best of `REPS`). torch.distributed send/recv: gloo on
 CPU, NCCL on GPUs (the default process group's backend), timed with the stream synchronized.
+
+CPU starvation: a rank waiting for a CPU moves data at the CPU's pace, not the link's. Each
+side reads its process's run-queue wait around every transfer (`run_delays`: the sum over its
+threads of /proc/self/task/*/schedstat's run_delay); the receiver sends its wait right after
+the ack, in the same two-float tensor (a message of its own, so that no /proc read falls in the
+timed span), and the sender knows both ends'. A transfer whose ends together waited more than
+`link_verdict.STARVED_FRACTION` of it is starved; while every transfer of a direction was, the
+sender asks for another (a one-float message says whether one comes), up to `EXTRA_REPS` more.
+A direction starved in every transfer is recorded as such, and the verdict leaves it unjudged
+rather than calling the link slow. Where /proc is unreadable the wait is unknown: not starved.
 
 Timeouts: every op is bounded by the process group's timeout (`--timeout`). Each rank posts a
 status in the store when it finishes or fails (the round and the peer it was waiting on); rank 0
@@ -35,6 +45,8 @@ from lockstep.env import link_verdict
 CPU_BYTES = 4 << 20  # 32 Mbit: 500 tbf bursts of 64 kbit on the bed; 34 ms at 1 Gbit/s
 GPU_BYTES = 256 << 20
 REPS = 2
+EXTRA_REPS = 2  # more transfers while every one of a direction was starved: 4 at most
+STARVED_PAUSE_S = 0.02  # the sender's pause before each of those: a burst of load may pass
 LAT_ITERS = 8
 _HOST_BYTES = 64
 _POLL_S = 0.05
@@ -99,9 +111,36 @@ def plan_partner(
     return None
 
 
+def run_delays() -> dict[str, int] | None:
+    """This process's run-queue wait so far, per thread (ns): the second field of
+    /proc/self/task/<tid>/schedstat (run_delay: time runnable but waiting for a CPU). None
+    where unreadable (no /proc, no schedstat)."""
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    out = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                out[tid] = int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return out or None
+
+
+def waited_s(before: dict[str, int] | None, after: dict[str, int] | None) -> float | None:
+    """Seconds this process's threads waited for a CPU between two `run_delays` (a thread
+    started in between counts from its start); None where either is unknown."""
+    if before is None or after is None:
+        return None
+    return sum(max(0, ns - before.get(tid, 0)) for tid, ns in after.items()) / 1e9
+
+
 def measure_pair(dist, torch, device, peer: int, first: bool, nbytes: int) -> dict:
     """Latency (half the median round trip of a small message) and this rank's send
-    bandwidth to `peer` (best of REPS, until the peer's ack). Both sides call it."""
+    bandwidth to `peer` (best of REPS, until the peer's ack), with how many of its transfers
+    were CPU-starved (see the module's docstring). Both sides call it."""
     cuda = device.type == "cuda"
 
     def sync() -> None:
@@ -109,6 +148,7 @@ def measure_pair(dist, torch, device, peer: int, first: bool, nbytes: int) -> di
             torch.cuda.synchronize(device)
 
     small = torch.zeros(2, dtype=torch.float32, device=device)
+    flag = torch.zeros(1, dtype=torch.float32, device=device)
     big = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
 
     def ping(send_first: bool) -> None:
@@ -127,28 +167,81 @@ def measure_pair(dist, torch, device, peer: int, first: bool, nbytes: int) -> di
         ping(first)
         rtts.append(time.perf_counter() - t0)
 
-    def one_way(sending: bool) -> float:
-        best = math.inf
-        for _ in range(REPS):
+    def transfer(sending: bool) -> tuple[float, float | None]:
+        """One timed transfer, `big` then the ack: on the sender (seconds, the fraction of
+        them both ends waited for a CPU, None where neither could tell); (0, None) on the
+        receiver. Each side reads its wait around its part; /proc is read outside the timed
+        span (about 15 us a thread: a GPU rank's dozens of threads would skew a fast link's
+        reading), so the receiver's wait follows the ack in a message of its own."""
+        sync()
+        before = run_delays()
+        t0 = time.perf_counter()
+        if sending:
+            dist.send(big, peer)
+            dist.recv(small, peer)
+        else:
+            dist.recv(big, peer)
+            dist.send(small, peer)
+        sync()
+        elapsed = time.perf_counter() - t0
+        waited = waited_s(before, run_delays())
+        if not sending:
+            small[0] = -1.0 if waited is None else waited
+            dist.send(small, peer)
             sync()
-            t0 = time.perf_counter()
+            return 0.0, None
+        dist.recv(small, peer)
+        sync()
+        theirs = float(small[0].item())
+        if waited is None and theirs < 0:
+            return elapsed, None
+        return elapsed, ((waited or 0.0) + max(theirs, 0.0)) / elapsed
+
+    def one_way(sending: bool) -> dict:
+        """REPS transfers, and up to EXTRA_REPS more while every one was starved; the sender
+        decides and says so (`flag`) after each from the REPS-th on. The best of them all:
+        starvation only slows a transfer, so a starved one faster than the rest still bounds
+        the link's speed from below; `starved` only when every one was."""
+        best, reps, starved, least, known = math.inf, 0, 0, math.inf, False
+        while True:
+            if sending and reps >= REPS:
+                time.sleep(STARVED_PAUSE_S)
+            elapsed, frac = transfer(sending)
+            reps += 1
             if sending:
-                dist.send(big, peer)
-                dist.recv(small, peer)
+                best = min(best, elapsed)
+                known = known or frac is not None
+                if frac is not None and frac > link_verdict.STARVED_FRACTION:
+                    starved += 1
+                    least = min(least, frac)
+            if reps < REPS:
+                continue
+            if sending:
+                more = starved == reps and reps < REPS + EXTRA_REPS
+                flag[0] = 1.0 if more else 0.0
+                dist.send(flag, peer)
             else:
-                dist.recv(big, peer)
-                dist.send(small, peer)
+                dist.recv(flag, peer)
             sync()
-            best = min(best, time.perf_counter() - t0)
-        return best
+            if not float(flag[0].item()):
+                break
+        return {
+            "seconds": best,
+            "reps": reps,
+            "starved_reps": starved,
+            "extra_reps": reps - REPS,
+            "starved": round(least, 3) if starved == reps else None,
+            "cpu_wait_known": known,
+        }
 
     first_out = one_way(first)
     second_out = one_way(not first)
     sent = first_out if first else second_out
     return {
         "peer": peer,
-        "gbps_out": round(nbytes * 8 / sent / 1e9, 4),
+        "gbps_out": round(nbytes * 8 / sent["seconds"] / 1e9, 4),
         "latency_us": round(statistics.median(rtts) / 2 * 1e6, 1),
+        **{k: v for k, v in sent.items() if k != "seconds"},
     }
 
 
@@ -291,13 +384,13 @@ def _pair_links(lay: Layout, records: dict[int, list[dict]]) -> tuple[list[dict]
             peer = rec["peer"]
             lo, hi = min(rank, peer), max(rank, peer)
             key = (lo, hi, rec["round"])
-            entry = by_pair.setdefault(key, {"ranks": [lo, hi], "intra": rec["intra"]})
-            entry["gbps_ab" if rank == lo else "gbps_ba"] = rec["gbps_out"]
+            entry = by_pair.setdefault(key, {"ranks": [lo, hi], "intra": rec["intra"], "dirs": {}})
+            entry["dirs"]["ab" if rank == lo else "ba"] = rec
             if rank == lo:
                 entry["latency_us"] = rec["latency_us"]
     cross, intra = [], []
     for (lo, hi, rnd), entry in sorted(by_pair.items()):
-        both = [entry[k] for k in ("gbps_ab", "gbps_ba") if k in entry]
+        dirs = entry["dirs"]
         a, b = lay.node_of(lo), lay.node_of(hi)
         link = {
             "a": a,
@@ -305,11 +398,23 @@ def _pair_links(lay: Layout, records: dict[int, list[dict]]) -> tuple[list[dict]
             "rail": lay.ranks[a].index(lo),
             "ranks": [lo, hi],
             "round": rnd,
-            "gbps": min(both),
-            "gbps_ab": entry.get("gbps_ab"),
-            "gbps_ba": entry.get("gbps_ba"),
+            "gbps": min(d["gbps_out"] for d in dirs.values()),
+            "gbps_ab": dirs["ab"]["gbps_out"] if "ab" in dirs else None,
+            "gbps_ba": dirs["ba"]["gbps_out"] if "ba" in dirs else None,
             "latency_us": entry.get("latency_us"),
         }
+        for key in ("reps", "starved_reps", "extra_reps"):
+            link[key] = sum(d.get(key, 0) for d in dirs.values())
+        link["cpu_wait_known"] = any(d.get("cpu_wait_known") for d in dirs.values())
+        # The link reads as its slower direction; that reading is in doubt only when it came
+        # from a direction starved in every transfer (an unstarved one as slow settles it).
+        trusted = [d["gbps_out"] for d in dirs.values() if not d.get("starved")]
+        if not trusted or min(trusted) > link["gbps"]:
+            link["starved"] = max(
+                d["starved"]
+                for d in dirs.values()
+                if d.get("starved") and d["gbps_out"] == link["gbps"]
+            )
         (intra if entry["intra"] else cross).append(link)
     return cross, intra
 

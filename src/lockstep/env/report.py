@@ -179,6 +179,9 @@ def _link_rows(links: dict) -> list[tuple[str, ...]]:
     hosts = [n["host"] for n in links["nodes"]]
     slow = {(tuple(sorted(s["nodes"])), s["rail"]) for s in links["slow_links"]}
     slow_nodes = {(s["node"], s.get("rail")) for s in links["slow_nodes"]}
+    starved = {
+        (tuple(sorted(s["nodes"])), s["rail"]) for s in links.get("not_judged", []) if "nodes" in s
+    }
     rows = []
     for x in sorted(links["links"], key=lambda x: x["gbps"])[:_LINK_ROWS]:
         pair = tuple(sorted((x["a"], x["b"])))
@@ -186,6 +189,8 @@ def _link_rows(links: dict) -> list[tuple[str, ...]]:
             status = "slow link"
         elif (x["a"], x["rail"]) in slow_nodes or (x["b"], x["rail"]) in slow_nodes:
             status = "slow node"
+        elif (pair, x["rail"]) in starved:
+            status = _NOT_JUDGED
         else:
             status = "ok"
         rows.append(
@@ -201,12 +206,16 @@ def _link_rows(links: dict) -> list[tuple[str, ...]]:
     return rows
 
 
+_NOT_JUDGED = "not judged (CPU-starved)"
+
+
 def _links_title(links: dict) -> str:
     shown = min(len(links["links"]), _LINK_ROWS)
+    starved = len(links.get("not_judged", []))
     return (
         f"links: {len(links['nodes'])} nodes, {links['rounds']} rounds, {links['schedule']} "
         f"schedule, typical {links['typical_gbps']} Gb/s ({shown} of {len(links['links'])} "
-        "links, slowest first)"
+        "links, slowest first" + (f"; {starved} not judged, CPU-starved" if starved else "") + ")"
     )
 
 
@@ -216,7 +225,7 @@ def links_table(links: dict):
     table = Table(title=_links_title(links))
     for col in ("host a", "host b", "rail", "Gb/s", "latency us", "status"):
         table.add_column(col)
-    style = {"ok": "green", "slow link": "bold red", "slow node": "bold red"}
+    style = {"ok": "green", "slow link": "bold red", "slow node": "bold red", _NOT_JUDGED: "yellow"}
     for row in _link_rows(links):
         table.add_row(*(cell(c) for c in row[:5]), f"[{style[row[5]]}]{row[5]}[/]")
     if links["exclude"]:

@@ -188,6 +188,7 @@ def with_findings(result: dict, links: dict | None) -> dict:
     if links is not None:
         result["links"] = links
         result["problems"] = result["problems"] + links["problems"]
+        result["warnings"] = result["warnings"] + links.get("warnings", [])  # not judged
         kinds += [k for k in links["kinds"] if k in ("dropped", "link_error")]
     if any(c["status"] == "fail" for c in result["checks"]):
         kinds.append("check")
