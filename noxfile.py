@@ -216,7 +216,7 @@ def lock(session: nox.Session) -> None:
     stale = []
     for name, spec in LOCKS.items():
         source, target = REQUIREMENTS / f"{name}.in", REQUIREMENTS / f"{name}.txt"
-        out = Path(tempfile.mkdtemp(prefix="lockstep-lock-")) / target.name if check else target
+        out = Path(tempfile.mkdtemp(dir=_scratch())) / target.name if check else target
         if check:
             shutil.copy(target, out)
         if spec["tool"] == "pip-compile":
@@ -350,8 +350,19 @@ def _load(path: Path) -> ModuleType:
 LOCK_PARTS = _load(DOCKER / "lock-parts.py")
 
 
+_SCRATCH: list[tempfile.TemporaryDirectory] = []
+
+
+def _scratch() -> Path:
+    """One temporary folder for this nox run's lock slices and lock checks, removed when nox
+    exits (the TemporaryDirectory's finalizer), so no run leaves `lockstep-lock-*` behind."""
+    if not _SCRATCH:
+        _SCRATCH.append(tempfile.TemporaryDirectory(prefix="lockstep-lock-"))
+    return Path(_SCRATCH[0].name)
+
+
 def _lock_file(text: str, name: str) -> Path:
-    out = Path(tempfile.mkdtemp(prefix="lockstep-lock-")) / f"{name}.txt"
+    out = Path(tempfile.mkdtemp(dir=_scratch())) / f"{name}.txt"
     out.write_text(text)
     return out
 
