@@ -1,7 +1,9 @@
 """Clean 4 nodes x 2 ranks: `lockstep preflight` passes under the real torchrun (one agent per
 node, c10d rendezvous on ls0), srun (slurmctld + one slurmd per node) and mpirun (orted on each
 node through a namespace-entering remote agent), and its report groups the ranks by their real
-hostnames and addresses: 8 ranks on 4 nodes under every launcher."""
+hostnames and addresses: 8 ranks on 4 nodes under every launcher. The link stage runs by default
+(the ranks span 4 hosts) and names nothing: these are the launches where, before the stage
+measured CPU starvation, a clean srun launch on this 2-core machine named a slow link."""
 
 from __future__ import annotations
 
@@ -34,6 +36,9 @@ def check_report(bed: Cluster, launcher: str, name: str, outputs: list[str]) -> 
     assert sorted(r for n in nodes for r in n["ranks"]) == list(range(8))
     assert all(len(n["ranks"]) == 2 for n in nodes)
     assert sum(f"PASS: 8 ranks on 4 nodes, {name}" in out for out in outputs) == 1, outputs
+    links = data["links"]  # on by default across hosts
+    assert sorted(n["host"] for n in links["nodes"]) == bed.names and len(links["links"]) == 6
+    assert links["kind"] is None and links["slow_nodes"] == [] and links["slow_links"] == []
 
 
 def test_preflight_under_torchrun_on_four_nodes(cluster):

@@ -27,8 +27,9 @@ def register(subparsers) -> None:
         help="check every rank before the real launch (run under any launcher, or --nproc N)",
         description=(
             "Run on every rank: local checks, check-in, fingerprint comparison, collectives "
-            "by value, busbw, GPU matmul checksum. Exit 0 ok, 1 mismatch or failed check, "
-            "2 usage or bad input, 3 timeout or missing ranks; the same on every rank."
+            "by value, busbw, GPU matmul checksum, and across hosts the link stage (--links). "
+            "Exit 0 ok, 1 mismatch, failed check or slow node or link, 2 usage or bad input, "
+            "3 timeout or missing ranks; the same on every rank."
         ),
     )
     pre.add_argument(
@@ -70,7 +71,9 @@ def register(subparsers) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="measure point-to-point bandwidth between node pairs and name a slow node or link "
-        "(default: off; on CPU a rank starved of CPU still reads as a slow link)",
+        "(default: on when the ranks span more than one host; --links also between the ranks of "
+        "one host). A link whose transfers were all CPU-starved is reported as not judged, "
+        "never as slow",
     )
     pre.add_argument(
         "--min-link-gbps",

@@ -131,13 +131,21 @@ def _exchange(job: _Job, fp: dict, ignored: compare.Ignored) -> _Gathered:
 
 def _links(job: _Job, args):
     """The link stage (issue 23): every rank measures its pairs (`links.run_stage`); rank 0
-    gets (layout, stage start) to judge later, or None. Opt-in (`--links`) for now: on clean
-    beds with every link shaped it named nothing in 40 runs of one rank per node, but a clean
-    4-node x 2-rank srun launch on this 2-core machine at load ~14 named a link at half speed
-    (measured twice): a rank starved of CPU reads as a slow link (docs/benchmarks.md)."""
-    if getattr(args, "links", None) is not True or job.info.world_size < 2:
+    gets (layout, stage start) to judge later, or None. On by default when the ranks span more
+    than one host: the layout's all-gather (hostnames, one fixed-size tensor), which the stage
+    needs anyway, gives every rank the same answer (the check-in's identities are rank 0's
+    alone); a single-host job stops there, one all-gather of 65 integers later. `--links` runs
+    it on one host too (between its ranks), `--no-links` never. A rank starved of CPU would
+    read as a slow link (a clean 4-node x 2-rank srun launch on a 2-core machine at load ~14
+    named one at half speed): the stage measures each transfer's run-queue wait and leaves
+    starved links unjudged (`links.measure_pair`, `link_verdict.STARVED_FRACTION`,
+    docs/benchmarks.md)."""
+    wanted = getattr(args, "links", None)
+    if wanted is False or job.info.world_size < 2:
         return None
     lay = links.layout(dist, torch, job.device, job.info.local_rank)
+    if wanted is None and len(lay.hosts) < 2:
+        return None
     started = time.monotonic()
     lay = links.run_stage(
         dist,
