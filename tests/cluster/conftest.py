@@ -27,13 +27,29 @@ def pytest_configure(config):
     )
 
 
+# The longest modules first (serial walls, docs/benchmarks.md): pytest-xdist's loadfile hands a
+# free worker the next module in collection order, so the longest must not come last.
+LONGEST_FIRST = (
+    "test_train_multinode.py",
+    "test_elastic_multinode.py",
+    "test_faults.py",
+    "test_launchers.py",
+    "test_links.py",
+    "test_multinode_launch.py",
+    "test_prestart.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Keep the cluster tier out of a plain `pytest` of the whole tree (the CPU tier)."""
+    """Keep the cluster tier out of a plain `pytest` of the whole tree (the CPU tier); when it
+    is chosen, its modules longest first."""
     chosen = "cluster" in (config.option.markexpr or "") or any(
         p == HERE or HERE in p.parents
         for p in (Path(a.split("::")[0]).resolve() for a in config.args)
     )
     if chosen:
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: in-module order
         return
     dropped = [item for item in items if item.get_closest_marker("cluster")]
     if dropped:
