@@ -35,3 +35,19 @@ def forkserver():
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+# Modules holding the CPU tier's longest single tests (15-28 s each, docs/benchmarks.md), first:
+# pytest-xdist deals tests out in collection order, and one of these dealt last would run on
+# one worker while the others sit idle.
+LONGEST_FIRST = (
+    "test_planted_secrets.py",
+    "test_gate_reference.py",
+    "test_resume_eight_ranks.py",
+    "test_train_engines.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest in order
