@@ -4,7 +4,7 @@ cluster bed.
     python benchmarks/bench_links.py sim [--trials 20]             # 1,024 and 4,096 nodes
     python benchmarks/bench_links.py time [--repeat 5]             # root: 4-node bed
     python benchmarks/bench_links.py contrast [--repeat 3]         # root: 4-node bed
-    python benchmarks/bench_links.py sweep [--sweep 20] [--nodes 4 8]   # root
+    python benchmarks/bench_links.py sweep [--sweep 20] [--nodes 4 8] [--hogs N]   # root
     python benchmarks/bench_links.py probe --rate 1gbit --burst 64kb [--nodes 4 8]  # root
 
 sim: synthetic bandwidths (100 Gb/s, 5% Gaussian noise), slow nodes (a fifth) and slow links
@@ -22,8 +22,10 @@ stage's default message size:
 - contrast: what the stage measures on a shaped link and on an unshaped one (nodes 1 and 2's
   shaping removed, so the link between them is bound by this machine's CPU only), and on a bed
   with no shaping at all;
-- sweep: the false-alarm sweep: `--sweep` preflights on clean 4- and 8-node beds, counting the
-  runs that named anything (exit code not 0 or a problem listed);
+- sweep: the false-alarm sweep: `--sweep` preflights on clean 4- and 8-node beds with the
+  stage's default (on across hosts), counting the runs that named anything (exit code not 0 or
+  a problem listed), and the CPU-starved transfers (measured again) and links (not judged);
+  `--hogs N` runs N busy loops beside it all the while (a loaded machine);
 - probe: links shaped to `--rate`/`--burst` instead of the bed's own: the spread of clean links
   (to pick a rate this machine sustains on all pairs at once).
 """
@@ -215,41 +217,66 @@ def bench_contrast(repeat: int) -> None:
                 print(f"    {p}")
 
 
-def bench_sweep(runs: int, sizes, rate=None, burst=None) -> None:
+def bench_sweep(runs: int, sizes, rate=None, burst=None, hogs: int = 0) -> None:
     from lockstep.cluster import Cluster
 
     for n in sizes:
         kwargs = {} if rate is None else {"link_rate": rate, "link_burst": burst}
         with Cluster(n, env={"NO_COLOR": "1"}, **kwargs) as bed:
-            alarms, ratios, stages, confirmed = 0, [], [], 0
-            start = time.monotonic()
-            for i in range(runs):
-                code, data, tail = launch(bed, ("--links",))
-                if data is None or "links" not in data:
-                    alarms += 1
-                    print(f"  run {i}: exit {code}, no report: {tail[-600:]}", flush=True)
-                    continue
-                links = data["links"]
-                named = code != 0 or bool(links["problems"])
-                alarms += named
-                typical = links["typical_gbps"]
-                ratios += [x["gbps"] / typical for x in links["links"]]
-                stages.append(links["elapsed_s"])
-                again = sum(x.get("measurements", 1) > 1 for x in links["links"])
-                confirmed += again > 0  # a link looked slow once: measured again
-                print(
-                    f"  run {i}: exit {code}, typical {typical} Gb/s, {_links_summary(data)}, "
-                    f"{again} measured again" + (f"; {links['problems']}" if named else ""),
-                    flush=True,
-                )
-            print(
-                f"clean {n}-node bed, links {_describe_rate(bed)}: {alarms} of {runs} runs named "
-                f"a slow node or link; every link at {min(ratios):.2f}-{max(ratios):.2f} of "
-                f"its run's typical; {confirmed} runs measured a link again (it looked slow once); the stage "
-                f"median {statistics.median(stages):.2f} s (max {max(stages):.2f}); "
-                f"{time.monotonic() - start:.0f} s in all",
-                flush=True,
-            )
+            busy = [bed.popen(0, ["sh", "-c", "while :; do :; done"]) for _ in range(hogs)]
+            try:
+                _sweep(bed, n, runs, hogs)
+            finally:
+                for proc in busy:
+                    proc.kill_tree()
+                    proc.communicate()
+
+
+def _sweep(bed, n: int, runs: int, hogs: int) -> None:
+    alarms, ratios, stages, confirmed = 0, [], [], 0
+    reps = starved = extra = unjudged = unjudged_runs = 0
+    loads = []
+    start = time.monotonic()
+    for i in range(runs):
+        loads.append(os.getloadavg()[0])
+        code, data, tail = launch(bed)  # the default: on across hosts
+        if data is None or "links" not in data:
+            alarms += 1
+            print(f"  run {i}: exit {code}, no report: {tail[-600:]}", flush=True)
+            continue
+        links = data["links"]
+        named = code != 0 or bool(links["problems"])
+        alarms += named
+        typical = links["typical_gbps"]
+        judged = [x for x in links["links"] if not x.get("starved")]
+        ratios += [x["gbps"] / typical for x in judged] if typical else []
+        stages.append(links["elapsed_s"])
+        again = sum(x.get("measurements", 1) > 1 for x in links["links"])
+        confirmed += again > 0  # a link looked slow once: measured again
+        cpu = links["cpu_wait"]
+        reps += cpu["reps"]
+        starved += cpu["starved_reps"]
+        extra += cpu["extra_reps"]
+        unjudged += len(links["not_judged"])
+        unjudged_runs += bool(links["not_judged"])
+        print(
+            f"  run {i}: exit {code}, typical {typical} Gb/s, {_links_summary(data)}, "
+            f"{again} measured again; transfers {cpu['reps']}, CPU-starved {cpu['starved_reps']}"
+            f", extra {cpu['extra_reps']}, not judged {len(links['not_judged'])}"
+            + (f"; {links['problems']}" if named else ""),
+            flush=True,
+        )
+    spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-"
+    print(
+        f"clean {n}-node bed, links {_describe_rate(bed)}, {hogs} busy loops beside it (load "
+        f"{min(loads):.1f}-{max(loads):.1f}): {alarms} of {runs} runs named a slow node or link; "
+        f"every judged link at {spread} of its run's typical; {confirmed} runs measured a link "
+        f"again (it looked slow once); {reps} transfers, {starved} CPU-starved, {extra} extra; "
+        f"{unjudged} links not judged (CPU-starved) in {unjudged_runs} runs; the stage median "
+        f"{statistics.median(stages):.2f} s (max {max(stages):.2f}); "
+        f"{time.monotonic() - start:.0f} s in all",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -261,6 +288,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--rate")
     parser.add_argument("--burst", default="64kb")
+    parser.add_argument("--hogs", type=int, default=0, help="sweep: busy loops beside it")
     args = parser.parse_args()
     os.environ.setdefault("NO_COLOR", "1")
     if args.what == "sim":
@@ -270,7 +298,7 @@ def main() -> None:
     elif args.what == "contrast":
         bench_contrast(args.repeat)
     elif args.what == "sweep":
-        bench_sweep(args.sweep, args.nodes)
+        bench_sweep(args.sweep, args.nodes, hogs=args.hogs)
     else:
         bench_sweep(args.repeat, args.nodes, args.rate, args.burst)
 
