@@ -316,3 +316,17 @@ def test_pair_links_marks_a_link_starved_by_its_slower_direction():
     assert second["gbps"] == 0.4 and second["starved"] == 0.3
     records[1][1]["gbps_out"] = 0.4  # the other way as slow, unstarved: the reading stands
     assert "starved" not in _pair_links(lay, records)[0][1]
+
+
+def test_every_link_starved_only_the_outlier_goes_unjudged():
+    """A machine so loaded that every transfer was starved: the readings are lower bounds;
+    those that agree with one another are fine, the one far below them is not judged, and
+    nothing is named."""
+    links = measure(lv.round_robin(4), slow_links={(1, 3)}, noise=0.02)
+    for x in links:
+        x["starved"] = 0.4
+    out = _assess4(links)
+    assert out["kind"] is None and out["exit_code"] == 0 and out["problems"] == []
+    assert [x["hosts"] for x in out["not_judged"]] == [["n1", "n3"]]
+    assert out["typical_gbps"] is None  # nothing judged
+    assert out["not_judged"][0]["typical_gbps"] > 90  # the starved readings' own

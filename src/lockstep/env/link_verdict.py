@@ -37,7 +37,9 @@ together waited more than `STARVED_FRACTION` of the transfer is starved. A link 
 when every measurement of it was (its best reading then says only that the link is at least
 that fast). Starved links are left out of the verdict: one that still clears the threshold is
 fine, one below it is reported as not judged (`not_judged`, a warning), never as a slow link or
-node, and does not fail the run. The confirmation rounds measure those again too.
+node, and does not fail the run (with every link of a rail starved, the threshold is that of the
+starved readings themselves: only an outlier among them goes unjudged). The confirmation rounds
+measure those again too.
 """
 
 from __future__ import annotations
@@ -138,13 +140,19 @@ def suspects(n: int, links: Sequence[dict], min_link_gbps: float | None = None) 
 
 
 def _doubtful(n: int, links: Sequence[dict], min_link_gbps: float | None) -> list[bool]:
-    """Per link: slow (judged on the links not starved), or starved and below the threshold
-    those give: the links worth measuring again."""
-    judged = [x for x in links if not x.get("starved")]
-    threshold = min_link_gbps if min_link_gbps is not None else math.nan
-    if judged:
-        threshold = _stats(n, judged, min_link_gbps)["threshold"]
+    """Per link: slow, or starved and below the threshold (`_starved_bar`): the links worth
+    measuring again."""
+    threshold = _starved_bar(n, links, min_link_gbps)["threshold"]
     return [bool(x["gbps"] < threshold) for x in links]  # NaN threshold: nothing
+
+
+def _starved_bar(n: int, links: Sequence[dict], min_link_gbps: float | None) -> dict:
+    """The statistics a starved link is held against: those of the links not starved; where
+    every link was, those of the starved readings themselves (each a lower bound on its link),
+    so that a uniformly starved set holds no outlier, and one far below the rest stays in
+    doubt."""
+    judged = [x for x in links if not x.get("starved")]
+    return _stats(n, judged or links, min_link_gbps)
 
 
 def best_of(links: Sequence[dict]) -> list[dict]:
@@ -503,9 +511,10 @@ def assess(
                 "starved": len(mine) - len(judged),
             }
         )
+        bar = _starved_bar(n, mine, min_link_gbps)
         for x in mine:
-            if not x.get("starved") or x["gbps"] >= v["threshold_gbps"]:
-                continue  # judged, or starved and fast all the same: fine (NaN: not judged)
+            if not x.get("starved") or x["gbps"] >= bar["threshold"]:
+                continue  # judged, or starved and fast all the same: fine
             a, b = x["a"], x["b"]
             not_judged.append(
                 {
@@ -515,14 +524,14 @@ def assess(
                     "ranks": x["ranks"],
                     "local_ranks": [local[r] for r in x["ranks"]],
                     "gbps": _r(x["gbps"]),
-                    "typical_gbps": _r(v["typical_gbps"]),
+                    "typical_gbps": _r(bar["typical"]),
                     "starved": _r(x["starved"]),
                 }
             )
             warnings.append(
                 f"link {who(a, rail)} <-> {who(b, rail)} not judged: CPU-starved, its ends "
                 f"waited for a CPU {x['starved']:.0%} of the transfer in every measurement "
-                f"({_r(x['gbps'])} Gb/s measured, typical {_r(v['typical_gbps'])} Gb/s)"
+                f"({_r(x['gbps'])} Gb/s measured, typical {_r(bar['typical'])} Gb/s)"
             )
         for s in v["slow_nodes"]:
             node = s["node"]
