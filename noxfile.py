@@ -71,7 +71,11 @@ nox.options.error_on_missing_interpreters = True
 def tests(session: nox.Session) -> None:
     """The CPU tier: every test that needs no GPU, on real gloo process groups."""
     bin_dir = locked_venv(session, "cpu")
-    session.run(bin_dir / "pytest", "-n", "auto", *session.posargs, external=True)
+    # One xdist worker more than cores: a quarter of the tier's wall is waiting (hang tests
+    # waiting out their timeouts, ranks starting, the gate's fixed-wait steps), which a third
+    # worker fills on two cores; a fourth only adds CPU (docs/benchmarks.md, issue 24).
+    workers = str((os.cpu_count() or 1) + 1)
+    session.run(bin_dir / "pytest", "-n", workers, *session.posargs, external=True)
 
 
 @nox.session(venv_backend="none")

@@ -37,14 +37,17 @@ def forkserver():
         os.environ.update(saved)
 
 
-# Modules holding the CPU tier's longest single tests (15-28 s each, docs/benchmarks.md), first:
-# pytest-xdist deals tests out in collection order, and one of these dealt last would run on
-# one worker while the others sit idle.
+# Modules holding the CPU tier's longest single tests (15-37 s each, docs/benchmarks.md), and
+# those of several 5-10 s tests that collection order puts last, first: pytest-xdist deals
+# tests out in collection order, and what is dealt last runs on one worker while the others
+# sit idle.
 LONGEST_FIRST = (
     "test_planted_secrets.py",
     "test_gate_reference.py",
     "test_resume_eight_ranks.py",
     "test_train_engines.py",
+    "test_distributed_marker.py",
+    "test_leftovers.py",
 )
 
 
