@@ -499,7 +499,11 @@ def assess(
         mine = [x for x in cross if x["rail"] == rail]
         if not mine:
             continue
-        judged = [x for x in mine if not x.get("starved")]
+        # A starved reading is a lower bound on its link: one at or above the bar of the
+        # unstarved readings is judged with them (left out, a loaded machine's starved fast
+        # links would leave a slow node's links to set the typical, and nothing is named).
+        bar = _starved_bar(n, mine, min_link_gbps)
+        judged = [x for x in mine if not x.get("starved") or x["gbps"] >= bar["threshold"]]
         v = judge(n, judged, min_link_gbps=min_link_gbps, dropped=silent_nodes)
         per_rail.append(
             {
@@ -511,7 +515,6 @@ def assess(
                 "starved": len(mine) - len(judged),
             }
         )
-        bar = _starved_bar(n, mine, min_link_gbps)
         for x in mine:
             if not x.get("starved") or x["gbps"] >= bar["threshold"]:
                 continue  # judged, or starved and fast all the same: fine
@@ -644,7 +647,8 @@ def _judge_intra(
     """Within-node bandwidth (GPUs: NVLink or PCIe), each node's slowest pair against the
     median node; judged only with three nodes or more (or against --min-link-gbps). Returns
     (slow nodes, nodes whose slowest pair was CPU-starved and below the threshold: not
-    judged); starved pairs are left out of the typical."""
+    judged); a starved pair counts only where it clears the unstarved pairs' threshold (a
+    lower bound above it), as between nodes."""
     worst: dict[int, float] = {}
     starved: dict[int, tuple[float, float]] = {}  # node -> (its slowest starved pair, fraction)
     for x in best_of(intra):
@@ -653,13 +657,22 @@ def _judge_intra(
                 starved[x["a"]] = (x["gbps"], x["starved"])
         else:
             worst[x["a"]] = min(worst.get(x["a"], math.inf), x["gbps"])
-    values = list(worst.values())
-    typical = _median(values)
-    spread = 1.4826 * _median([abs(v - typical) for v in values]) if values else 0.0
-    drop = min(MAX_DROP * typical, max(K_MAD * spread, MIN_DROP * typical))
-    threshold = typical - drop if len(values) >= 3 else -1.0
-    if min_link_gbps is not None:
-        threshold = max(threshold, min_link_gbps)
+
+    def bar(values: list[float]) -> tuple[float, float]:
+        typical = _median(values)
+        spread = 1.4826 * _median([abs(v - typical) for v in values]) if values else 0.0
+        drop = min(MAX_DROP * typical, max(K_MAD * spread, MIN_DROP * typical))
+        threshold = typical - drop if len(values) >= 3 else -1.0
+        if min_link_gbps is not None:
+            threshold = max(threshold, min_link_gbps)
+        return typical, threshold
+
+    typical, threshold = bar(list(worst.values()))
+    for k, (g, _) in list(starved.items()):
+        if g >= threshold and (k not in worst or g < worst[k]):
+            worst[k] = g
+            del starved[k]
+    typical, threshold = bar(list(worst.values()))
     slow = [
         {"node": k, "gbps": _r(v), "typical_gbps": _r(typical)}
         for k, v in sorted(worst.items())
