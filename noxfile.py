@@ -89,10 +89,11 @@ def cluster(session: nox.Session) -> None:
     else:
         session.log("not root: ci/install-cluster.sh skipped; the bed needs root")
     bin_dir = locked_venv(session, "cpu")
-    # Two workers, a whole module each (a bed per module; two beds never collide): run one
-    # after another the tests keep about half of two cores busy (launchers, rendezvous and
-    # timeouts wait), docs/benchmarks.md.
-    xdist = ["-n", "2", "--dist", "loadfile"]
+    # Three workers, a whole module each (a bed per module; beds never collide), handed out in
+    # the order tests/cluster/conftest.py gives (longest first; xdist would reorder them by
+    # their number of tests): run one after another the tests keep about half of two cores
+    # busy (launchers, rendezvous and timeouts wait), docs/benchmarks.md.
+    xdist = ["-n", "3", "--dist", "loadfile", "--no-loadscope-reorder"]
     session.run(
         bin_dir / "pytest",
         "-m",

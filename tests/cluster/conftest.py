@@ -27,14 +27,15 @@ def pytest_configure(config):
     )
 
 
-# The longest modules first (serial walls, docs/benchmarks.md): pytest-xdist's loadfile hands a
-# free worker the next module in collection order, so the longest must not come last.
+# The longest modules first (their walls with three workers, docs/benchmarks.md): pytest-xdist's
+# loadfile with --no-loadscope-reorder (`nox -s cluster`) hands a free worker the next module in
+# collection order, so the longest must not come last.
 LONGEST_FIRST = (
-    "test_train_multinode.py",
-    "test_elastic_multinode.py",
     "test_faults.py",
-    "test_launchers.py",
     "test_links.py",
+    "test_elastic_multinode.py",
+    "test_train_multinode.py",
+    "test_launchers.py",
     "test_multinode_launch.py",
     "test_prestart.py",
 )
