@@ -190,3 +190,26 @@ def test_a_blocking_local_check_names_hosts_and_ranks_and_stops_at_check_in():
     assert "gloo_socket_ifname on ls3 rank 6-7: GLOO_SOCKET_IFNAME names eth0" in got["line"]
     assert blocking(idents, "slurm", "nccl")["failed_hosts"] == ["ls2"]
     assert blocking([identity(r, checks=ok) for r in range(2)], "slurm", "gloo") is None
+
+
+def test_the_link_stages_exclude_list_joins_failed_hosts():
+    """docs/slurm.md requeues without `failed_hosts`: a slow node the link stage named is in it,
+    after the hosts of the other findings."""
+    from lockstep.env import link_verdict
+
+    hosts = ["ls0", "ls1", "ls2", "ls3"]
+    cross = [
+        {"a": a, "b": b, "rail": 0, "ranks": [a, b], "round": k,
+         "gbps": 0.2 if 2 in (a, b) else 0.96}
+        for k, pairs in enumerate(link_verdict.round_robin(4))
+        for a, b in pairs
+    ]  # fmt: skip
+    links = link_verdict.assess(hosts=hosts, ranks=[[k] for k in range(4)], local=[0] * 4,
+                                cross=cross, timeout_s=5)  # fmt: skip
+    ids = [identity(r, host=h) for r, h in enumerate(hosts)]
+    report = verdict(ids, [measured() for _ in hosts], links=links)
+    assert links["exclude"] == ["ls2"] and report["finding"] == "slow_node"
+    assert report["exit_code"] == EXIT_FAIL and report["failed_hosts"] == ["ls2"]
+    drift = verdict(ids, [measured() for _ in hosts], groups=[[0, 1, 2], [3]],
+                    fields=["env.NCCL_DEBUG"], links=links)  # fmt: skip
+    assert drift["failed_hosts"] == ["ls3", "ls2"]
