@@ -35,11 +35,10 @@ CPU starvation. A rank that waits for a CPU moves data at the CPU's pace, not th
 each transfer carries its ends' run-queue wait (links.py); a measurement where the two ends
 together waited more than `STARVED_FRACTION` of the transfer is starved. A link is `starved`
 when every measurement of it was (its best reading then says only that the link is at least
-that fast). Starved links are left out of the verdict: one that still clears the threshold is
-fine, one below it is reported as not judged (`not_judged`, a warning), never as a slow link or
-node, and does not fail the run (with every link of a rail starved, the threshold is that of the
-starved readings themselves: only an outlier among them goes unjudged). The confirmation rounds
-measure those again too.
+that fast). A starved link at or above the threshold of the unstarved links (of the starved
+readings themselves where every link of a rail was starved) is a lower bound above it and is
+judged with them; one below it is reported as not judged (`not_judged`, a warning), never as a
+slow link or node, and does not fail the run. The confirmation rounds measure those again too.
 """
 
 from __future__ import annotations
@@ -503,7 +502,9 @@ def assess(
         # unstarved readings is judged with them (left out, a loaded machine's starved fast
         # links would leave a slow node's links to set the typical, and nothing is named).
         bar = _starved_bar(n, mine, min_link_gbps)
-        judged = [x for x in mine if not x.get("starved") or x["gbps"] >= bar["threshold"]]
+        judged, unjudged = [], []
+        for x in mine:
+            (unjudged if x.get("starved") and x["gbps"] < bar["threshold"] else judged).append(x)
         v = judge(n, judged, min_link_gbps=min_link_gbps, dropped=silent_nodes)
         per_rail.append(
             {
@@ -512,12 +513,10 @@ def assess(
                 "spread_gbps": _r(v["spread_gbps"]),
                 "threshold_gbps": _r(v["threshold_gbps"]),
                 "links": len(mine),
-                "starved": len(mine) - len(judged),
+                "starved": len(unjudged),
             }
         )
-        for x in mine:
-            if not x.get("starved") or x["gbps"] >= bar["threshold"]:
-                continue  # judged, or starved and fast all the same: fine
+        for x in unjudged:
             a, b = x["a"], x["b"]
             not_judged.append(
                 {
@@ -669,8 +668,8 @@ def _judge_intra(
 
     typical, threshold = bar(list(worst.values()))
     for k, (g, _) in list(starved.items()):
-        if g >= threshold and (k not in worst or g < worst[k]):
-            worst[k] = g
+        if g >= threshold:  # a lower bound above the bar: judged with the rest
+            worst[k] = min(worst.get(k, math.inf), g)
             del starved[k]
     typical, threshold = bar(list(worst.values()))
     slow = [

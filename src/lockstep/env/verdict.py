@@ -192,7 +192,7 @@ def with_findings(result: dict, links: dict | None) -> dict:
         kinds += [k for k in links["kinds"] if k in ("dropped", "link_error")]
         # the hosts a relaunch leaves out (docs/slurm.md reads this list): the link stage's
         # exclude list too (slow nodes, a slow link's worse end, nodes that dropped out)
-        hosts = result.get("failed_hosts", [])
+        hosts = result["failed_hosts"]
         result["failed_hosts"] = hosts + [h for h in links["exclude"] if h not in hosts]
     if any(c["status"] == "fail" for c in result["checks"]):
         kinds.append("check")
