@@ -82,8 +82,11 @@ def dump(folder: str, why: str, exc=None, timed_out: bool = False) -> None:
             os.replace(tmp, os.path.join(folder, f"rank_{rank}"))
         except OSError:
             pass
+    # Written aside and renamed: the launcher counts a rank as answered once its stacks file
+    # exists, and may kill it the moment it does.
+    tmp = os.path.join(folder, f".rank_{rank}.stacks.tmp")
     try:
-        with open(os.path.join(folder, f"rank_{rank}.stacks"), "w") as out:
+        with open(tmp, "w") as out:
             out.write(f"# {why}\n")
             if exc is not None:  # the exception's own stack: the main thread is in a hook now
                 import traceback
@@ -91,6 +94,7 @@ def dump(folder: str, why: str, exc=None, timed_out: bool = False) -> None:
                 out.write("".join(traceback.format_exception(*exc)) + "\n")
             out.flush()
             faulthandler.dump_traceback(out, all_threads=True)
+        os.replace(tmp, os.path.join(folder, f"rank_{rank}.stacks"))
     except OSError:
         pass
 
@@ -108,7 +112,8 @@ def crash_dump(folder: str, why: str, exc=None, wait: float = 3.0, timed_out: bo
     blocked where the crash left them, until the launcher stops them) and wait up to `wait`
     seconds for them (WORLD_SIZE) before this rank's exit makes the launcher kill them."""
     _crashed.append(why)
-    dump(folder, why, exc, timed_out)
+    if not _dumped:  # dumped when asked: this crash followed (the launcher stopped a peer)
+        dump(folder, why, exc, timed_out)
     try:
         open(os.path.join(folder, TRIGGER), "a").close()
     except OSError:
