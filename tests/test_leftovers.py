@@ -137,6 +137,38 @@ def git(repo: Path, *args: str) -> str:
                           text=True, timeout=60).stdout  # fmt: skip
 
 
+def test_sigterm_as_gate_ab_makes_its_temp_folder_leaves_none(tmp_path, monkeypatch):
+    """The narrowest moment of the case below, made certain: SIGTERM arrives in the instant
+    between the folder's creation and its name reaching the cleanup (the case below, which
+    signals as soon as the folder shows, hit it now and then)."""
+    from types import SimpleNamespace
+
+    from lockstep.errors import LockstepError
+    from lockstep.gate import ab
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "f").write_text("x")
+    git(repo, "init", "-q")
+    git(repo, "add", "f")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
+    made = tmp_path / "tmp"
+    made.mkdir()
+    real = tempfile.mkdtemp
+
+    def mkdtemp_then_sigterm(**kwargs):
+        folder = real(dir=made, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before this returns
+        return folder
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp_then_sigterm)
+    monkeypatch.chdir(repo)
+    with pytest.raises(LockstepError, match="stopped by SIGTERM"):
+        ab.run_ab(SimpleNamespace(run_path=False), "HEAD", 2, 0.05, 0.01, progress=None)
+    assert list(made.iterdir()) == []
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
 @pytest.mark.parametrize("moment", ["worktree", "first-run"])
 def test_sigterm_early_in_gate_ab_removes_its_worktree_and_temp_folder(tmp_path, sleeper, moment):
     repo = tmp_path / "repo"

@@ -207,18 +207,22 @@ def run_ab(
         )
     head_tree = repo_root(Path.cwd())
     with signals_raise():
-        tmp = Path(tempfile.mkdtemp(prefix="lockstep-ab-"))
+        tmp = None
         try:
-            # git killed mid-add (subprocess.run kills its child when a signal raises) leaves
-            # the worktree registered and locked "initializing"; a signal waits for the add.
+            # A signal waits until the folder is made and named (raised between the two, the
+            # cleanup would not know it) and for the add (git killed mid-add, as
+            # subprocess.run does when a signal raises, leaves the worktree registered and
+            # locked "initializing").
             with signals_deferred():
+                tmp = Path(tempfile.mkdtemp(prefix="lockstep-ab-"))
                 base_tree = worktree(head_tree, ref, tmp)
             wd = workdir or tmp / "runs"
             base, head = alternate(job, base_tree, head_tree, rounds, wd, progress)
         finally:
             with signals_deferred():  # a second Ctrl-C or SIGTERM waits for the cleanup
-                remove_worktree(head_tree, tmp / "base")
-                shutil.rmtree(tmp, ignore_errors=True)
+                if tmp is not None:
+                    remove_worktree(head_tree, tmp / "base")
+                    shutil.rmtree(tmp, ignore_errors=True)
     comparisons = judge(base, head, threshold, alpha)
     return comparisons, findings(comparisons, threshold, alpha)
 
