@@ -8,10 +8,8 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import psutil
 import pytest
@@ -262,8 +260,13 @@ def test_sleep(rank):
 """
 
 
-def test_ranks_die_with_a_killed_pytest(pytester, tagged, tmp_path):
+def test_ranks_die_with_a_killed_pytest(pytester, tagged, tmp_path, monkeypatch):
     pytester.makepyfile(test_killed=KILLED)
+    # A temp folder of these sessions' own: any other pytest session starting meanwhile (the
+    # tier's other workers start inner ones) would remove the orphaned pool directory first.
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     inner = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"],
         cwd=pytester.path,
@@ -279,7 +282,7 @@ def test_ranks_die_with_a_killed_pytest(pytester, tagged, tmp_path):
         inner.send_signal(signal.SIGKILL)
         inner.wait()
     assert processes_tagged(tagged) == []
-    orphaned = list(Path(tempfile.gettempdir()).glob(f"lockstep-pool-{inner.pid}-*"))
+    orphaned = list(temp.glob(f"lockstep-pool-{inner.pid}-*"))
     assert orphaned, "the killed session had no chance to remove its pool directory"
     pytester.runpytest_subprocess("--collect-only", "-q")  # the next session removes it
     assert not any(path.exists() for path in orphaned)
