@@ -51,6 +51,37 @@ LONGEST_FIRST = (
 )
 
 
+# Tests whose wall is mostly waiting, not CPU: a run timed out on purpose (a planted hang, a
+# missing rank) or a fixed sleep standing in for a GPU-bound step. Dealt out one by one, three of
+# them sometimes waited at once while the two cores idled (a quarter of the time, 80-110 s into
+# a run); `nox -s tests` runs them one after another on one worker, beside the CPU-bound rest.
+WAITING = (
+    "tests/gate/test_gate_reference.py::",
+    "tests/forensics/test_launch_kinds.py::",
+    "tests/forensics/test_launch.py::test_a_new_interpreter_blocked_in_gloo_is_named",
+    "tests/env/test_env_preflight.py::test_missing_ranks_exit_3_within_the_timeout",
+    "tests/checks/test_script_checks.py::test_a_hung_run_is_killed_at_the_timeout_in_one_line",
+    "tests/testing/test_distributed_marker.py::test_hang_shows_every_stack_and_kills_everything",
+    "tests/docker/test_docker_tier_py.py::test_wait_http_waits_for_a_server_and_gives_up_on_none",
+)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under `--dist load` (xdist's default for -n): WAITING as one unit of work, handed out
+    first (xdist orders units by size), every other test a unit of its own in collection order.
+    (xdist_group would say the same, but `--dist loadgroup` cannot rename node ids under pytest
+    9.2: its groups never form.) Other --dist modes keep xdist's own scheduler."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WaitingApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "waiting" if nodeid.startswith(WAITING) else nodeid
+
+    return WaitingApart(config, log)
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest in order
