@@ -21,11 +21,11 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=10_000)
     args = parser.parse_args()
 
+    from lockstep.env.collectives import COLLECTIVES
     from lockstep.env.compare import Ignored, compare_ranks, section_digests
     from lockstep.env.fingerprint import collect
-    from lockstep.env.launcher import RankInfo
-    from lockstep.env.preflight import build_report
     from lockstep.env.report import markdown, outlier_rows
+    from lockstep.env.verdict import build_report
 
     base = collect()
     ignored = Ignored()
@@ -71,20 +71,26 @@ def main() -> None:
                 "checks": [{"name": "shm", "status": "ok", "detail": "/dev/shm 16 GiB"}],
             }
         )
-    info = RankInfo("torchelastic", 0, n, 0, 8, 0, "127.0.0.1", 29500)
-    per_rank = [[1, 1, 1, 1, 2_000_000, 9_000_000, 0] for _ in range(n)]
+    # what each rank measured, as preflight's rank 0 receives it (`verdict`'s docstring)
+    measurements = [
+        {
+            "collectives": dict.fromkeys(COLLECTIVES, True),
+            "allreduce_seconds": [0.002, 0.009],
+            "matmul_checksum": None,
+        }
+        for _ in range(n)
+    ]
 
     start = time.perf_counter()
     result = compare_ranks(digests, representatives, identities, ignored)
     report = build_report(
-        info=info,
+        launcher="torchelastic",
         backend="gloo",
         identities=identities,
         comparison=result,
         fingerprints=representatives,
-        per_rank=per_rank,
+        measurements=measurements,
         sizes=(256 << 10, 4 << 20),
-        gpu=False,
         min_busbw=None,
         lock_required=False,
     )

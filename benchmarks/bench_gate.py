@@ -35,7 +35,7 @@ import numpy as np
 from lockstep.gate import ab, golden
 from lockstep.gate.compare import compare
 from lockstep.gate.job import Job
-from lockstep.gate.run import Run, read_rows, summary
+from lockstep.gate.run_result import Run, read_rows, summary
 
 WORKLOAD = """
 import time
