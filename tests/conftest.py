@@ -66,20 +66,29 @@ WAITING = (
 )
 
 
-def pytest_xdist_make_scheduler(config, log):
-    """Under `--dist load` (xdist's default for -n): WAITING as one unit of work, handed out
-    first (xdist orders units by size), every other test a unit of its own in collection order.
-    (xdist_group would say the same, but `--dist loadgroup` cannot rename node ids under pytest
-    9.2: its groups never form.) Other --dist modes keep xdist's own scheduler."""
-    if config.getvalue("dist") != "load":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
+class WaitingApart:
+    """Registered only where pytest-xdist is (its hook is unknown to pytest otherwise)."""
 
-    class WaitingApart(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "waiting" if nodeid.startswith(WAITING) else nodeid
+    @staticmethod
+    def pytest_xdist_make_scheduler(config, log):
+        """Under `--dist load` (xdist's default for -n): WAITING as one unit of work, handed
+        out first (xdist orders units by size), every other test a unit of its own in
+        collection order. (xdist_group would say the same, but `--dist loadgroup` cannot rename
+        node ids under pytest 9.2: its groups never form.) Other --dist modes keep xdist's."""
+        if config.getvalue("dist") != "load":
+            return None
+        from xdist.scheduler import LoadScopeScheduling
 
-    return WaitingApart(config, log)
+        class Scheduling(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return "waiting" if nodeid.startswith(WAITING) else nodeid
+
+        return Scheduling(config, log)
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(WaitingApart(), "lockstep-waiting-apart")
 
 
 def pytest_collection_modifyitems(items):
