@@ -112,7 +112,10 @@ def crash_dump(folder: str, why: str, exc=None, wait: float = 3.0, timed_out: bo
     blocked where the crash left them, until the launcher stops them) and wait up to `wait`
     seconds for them (WORLD_SIZE) before this rank's exit makes the launcher kill them."""
     _crashed.append(why)
-    if not _dumped:  # dumped when asked: this crash followed (the launcher stopped a peer)
+    # Dumped already when asked: a crash now followed it (the launcher stopped a peer) and
+    # would overwrite the stacks of the hang. Its own collective's timeout dumps again: the
+    # record then marks that collective not completed (`_timed_out_in_last`).
+    if timed_out or not _dumped:
         dump(folder, why, exc, timed_out)
     try:
         open(os.path.join(folder, TRIGGER), "a").close()
