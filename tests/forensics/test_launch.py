@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 from lockstep.cli import main
 from lockstep.launch.script import dumps_folder, launch
+from support.doubling import until
 
 PLANTED = str(Path(__file__).parent / "scripts" / "planted.py")
 
@@ -20,26 +18,18 @@ def _env() -> dict:
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
 
 
-def _start_s() -> float:
-    """Seconds this machine takes now to start two interpreters importing torch.distributed."""
-    t = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, "-c", "import torch.distributed"]) for _ in "ab"]
-    assert all(p.wait() == 0 for p in procs)
-    return time.monotonic() - t
-
-
 def test_a_new_interpreter_blocked_in_gloo_is_named(tmp_path):
     """Nothing of lockstep runs in the ranks unless lockstep put it there (sitecustomize)."""
     log = tmp_path / "run.log"
-    timeout = 4 + 2 * _start_s()  # both ranks started and blocked, then the timeout
-    for _ in range(3):  # a machine that slowed down since: a longer timeout
+
+    def attempt(timeout):  # both ranks started, each blocked in its collective, then the timeout
         done = launch([PLANTED, "hang", "0"], 2, log, env=_env(), timeout=timeout,
                       forensics=dumps_folder(log))  # fmt: skip
         assert done.code is None  # timed out
         report = done.report()
-        if len(report.versions) == 2 and report.findings:
-            break
-        timeout *= 2
+        return len(report.versions) == 2 and bool(report.findings), (done, report)
+
+    done, report = until(attempt, 6.0)
     text = report.text()
     (f,) = report.findings
     assert f.seq == 2 and f.odd == [0, 1]  # two ranks, two collectives: no majority to pick

@@ -4,8 +4,8 @@ recorders (real gloo ranks, torch's own recorder; short timeouts): `lockstep tra
 of hang on 2 and 4 real ranks (the pure analysis has them on dumps: test_analysis.py).
 
 A timeout too short for a loaded machine ends the run before the fault is reached; each test
-then doubles it (`_until`), a few times at most; the time the session's forkserver takes to
-import its preload is not counted against it.
+then doubles it (`support.doubling.until`), a few times at most; the time the session's
+forkserver takes to import its preload is not counted against it.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import pytest
 
 from lockstep.errors import RankTimeout
 from lockstep.launch.script import dumps_folder, launch
+from support.doubling import until
 from support.inprocess import run_main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,23 +27,6 @@ PLANTED = str(Path(__file__).parent / "scripts" / "planted.py")
 PLANT_SITE = str(ROOT / "tests" / "support" / "plant_site")
 STUCK_DATA = ["--set", "data.factory=support.planted_job:dataset"]
 REPORT = re.compile(r"\(report: (\S+report\.txt)\)")
-
-
-def _until(attempt, timeout: float, tries: int = 3):
-    """`attempt(timeout)` -> (done, value) until done, doubling the timeout; the last value.
-    First this process's forkserver has imported its preload (the session fixture starts it;
-    its first fork waits for that), so that a timeout counts the launch, not that."""
-    from lockstep.launch import forkserver_context
-
-    ready = forkserver_context().Process(target=os.getpid)
-    ready.start()
-    ready.join(300)
-    for _ in range(tries):
-        done, value = attempt(timeout)
-        if done:
-            break
-        timeout *= 2
-    return value
 
 
 def _env() -> dict:
@@ -64,7 +48,7 @@ def test_train_timeout_names_the_rank_stuck_in_python(tmp_path):
         proc = run_main([*argv, "--timeout", str(timeout)], tmp_path, {"PLANT_STUCK": "1:2"})
         return "rank 1 never reached" in proc.stderr, proc
 
-    proc = _until(attempt, 5.0)
+    proc = until(attempt, 5.0)
     assert proc.returncode == 3, proc.stderr[-3000:]
     line = _one_error(proc.stderr)
     assert "2 train ranks did not finish within" in line and "were killed" in line
@@ -86,7 +70,7 @@ def test_check_on_a_config_timeout_names_rank_0_on_4_ranks(tmp_path):
         proc = run_main([*argv, "--timeout", str(timeout)], tmp_path, {"PLANT_STUCK": "0:2"})
         return "rank 0 never reached" in proc.stderr, proc
 
-    proc = _until(attempt, 8.0)
+    proc = until(attempt, 8.0)
     assert proc.returncode == 3, proc.stderr[-3000:]
     line = _one_error(proc.stderr)
     assert "4 check ranks did not finish within" in line
@@ -110,7 +94,7 @@ def test_preflight_timeout_names_the_rank_stuck_in_python(tmp_path):
             shutil.rmtree(Path(kept.group(1)).parent.parent)  # the launch's temporary folder
         return "never reached" in proc.stderr, (proc, text)
 
-    proc, text = _until(attempt, 3.0)  # a rank slower to start than that misses the check-in
+    proc, text = until(attempt, 3.0)  # a rank slower to start than that misses the check-in
     assert proc.returncode == 3, proc.stderr[-3000:]
     (line,) = [ln for ln in proc.stderr.splitlines() if "flight recorder:" in ln]
     assert line.startswith("lockstep: preflight timed out; flight recorder: rank 1 never "
@@ -128,7 +112,7 @@ def test_a_gate_jobs_timeout_names_the_collective(tmp_path):
             job.run(tmp_path / f"run-{timeout:g}", progress=lambda *a: None)
         return "all_gather" in str(err.value), str(err.value)
 
-    message = _until(attempt, 4.0)
+    message = until(attempt, 4.0)
     assert "did not finish within" in message and "\n" not in message
     assert "; flight recorder: " in message
     assert "all_gather (in [4] Float, out [2, 4] Float)" in message
@@ -150,7 +134,7 @@ def _hung(mode: str, odd: int, nproc: int, tmp_path: Path, run_path: bool, timeo
         # while every rank is still inside an earlier collective: "ranks 0, 1 wait in #3")
         return len(report.versions) == nproc and any(f.odd for f in report.findings), report
 
-    return _until(attempt, timeout)
+    return until(attempt, timeout)
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
