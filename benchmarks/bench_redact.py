@@ -4,7 +4,8 @@ time of each and its ratio to the one before (linear: about 2 per doubling; quad
 Shapes: one line of URLs (`http://h1:80/N`, the issue's 60 KB line of 4,000 URLs at 1x, which
 took 0.9 s before the scrub was made linear, 4x per doubling) ending in an `@` before no host; a line of URLs with user:password credentials; a
 log of 80-column lines holding every form once per line; a long `a=a=a=...` chain; YAML with
-secret block scalars; one line of quoted names without values.
+secret block scalars; one line of quoted names without values; and the forms issue #37 added,
+each on one long line (a MySQL command, .netrc tokens, base64 runs, `name:`, tabs and `%3D`).
 
     .venv/bin/python benchmarks/bench_redact.py [--repeat 3]
 """
@@ -35,6 +36,12 @@ def shapes(scale: int) -> dict[str, str]:
         "a=a=a chain": "a=" * (30_000 * scale),
         "yaml blocks": yaml,
         "quoted names": "'k', " * (12_000 * scale),
+        # issue #37's forms, each at its worst: one long line
+        "mysql ... -p (1 line)": "mysql -u x " * (6_000 * scale) + "-pS3cret",
+        "netrc machine (1 line)": "machine h login u " * (4_000 * scale),
+        "base64 runs (1 line)": ("QUJD" * 50 + "- ") * (300 * scale),
+        "name:value chain": "password:" * (8_000 * scale),
+        "name<TAB> and %3D": "token\t" * (6_000 * scale) + "password%3D" * (6_000 * scale),
     }
 
 

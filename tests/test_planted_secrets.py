@@ -13,6 +13,7 @@ with it, an inner pytest session of distributed tests) and reads everything.
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import os
@@ -75,6 +76,17 @@ SECRETS = {
     "yaml_rest": "yaml rest-of-line-8870",
     "yaml_block": "yaml-block-line-6618",
     "pin": PIN,
+    # forms that still leaked (issue #37)
+    "netrc": "netrc-pw-6120",
+    "dapi": "dapi" + "a1b2c3d4e5f60718" * 2,
+    "mysql": "mysql-pw-5533",
+    "colon_pw": "colon-pw-7241",
+    "ya29": "ya29.Pl4ntedGoogle" + "Tok3n" * 4,
+    "sendgrid": "SG.Pl4ntedSendGrid01.Pl4ntedSendGridSecret02",
+    "twilio": "SK" + "0f1e2d3c4b5a6978" * 2,
+    "tab_pw": "tab-pw-3318",
+    "urlenc": "urlenc-pw-9027",
+    "basic_b64": base64.b64encode(b"alice:basic-pw-4471").decode(),
 }
 S = SECRETS
 FREE_TEXT = (
@@ -96,7 +108,11 @@ SHAPES = (
     f"Command '['train', '--token', '{S['argv_repr']}']' failed; "
     f'run --token "{S["quoted_flag"]}" -p {S["short_flag"]} --set a=1,password={S["set_nested"]} '
     f"got Config(name='m', api_key='{S['config_repr']}') "
-    f"DefaultEndpointsProtocol=https;AccountName=a;AccountKey={S['azure']};EndpointSuffix=x"
+    f"DefaultEndpointsProtocol=https;AccountName=a;AccountKey={S['azure']};EndpointSuffix=x "
+    f"machine api.ex.com login alice password {S['netrc']} token {S['dapi']} "
+    f"mysql -u root -p{S['mysql']} db password:{S['colon_pw']} oauth {S['ya29']} "
+    f"mail {S['sendgrid']} sms {S['twilio']} PASSWORD\t{S['tab_pw']} "
+    f"next=%2Fa%3Fpassword%3D{S['urlenc']}%26b%3D1 auth {S['basic_b64']}"
 )
 YAML = (
     f"db:\n  password: {S['yaml_rest']}\n  secret: |\n    {S['yaml_block']}\n    more\n  host: h\n"

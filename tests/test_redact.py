@@ -1,14 +1,18 @@
 """Secrets never leave the process: secret names, and every form free text carries them in."""
 
+import ast
+import base64
 import hashlib
 import itertools
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from lockstep.redact import (
+    escape_controls,
     fingerprint_of,
     is_secret_name,
     redact_mapping,
@@ -17,6 +21,8 @@ from lockstep.redact import (
     scrub_text,
     scrubbed_log,
 )
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_secret_names_are_redacted_but_comparable():
@@ -189,6 +195,19 @@ def test_known_token_shapes_are_redacted_wherever_they_stand(kind, template):
         ("db:\n  secret: |\n    line-17\n    line-18\n  host: h\n", "line-18"),
         ("secret: >-\n  folded-19\n", "folded-19"),
         ('{"api_key": 12345678, "n": 1}', "12345678"),
+        # issue #37: forms that still leaked
+        ("machine api.wandb.ai login alice password netrc-20 ", "netrc-20"),
+        ("machine h\n  login alice\n  password netrc-21\n", "netrc-21"),
+        ("token dapi0123456789abcdef0123456789abcdef-2 used", "0123456789abcdef"),
+        ("mysql -u root -pmysql-22 db", "mysql-22"),
+        ("mysqldump --user=u -pmysql-23 db > out.sql", "mysql-23"),
+        ("connect failed password:colon-24 retry", "colon-24"),
+        ("oauth ya29.a0AfH6SMBxGoogle25Tokenabcdef", "Google25Token"),
+        ("key SG.sendgrid26abcdefghij.abcdefghijklmnopqrstuvwxyz0123", "sendgrid26"),
+        ("twilio SK0123456789abcdef0123456789abcd27 ok", "abcdef0123456789abcd27"),
+        ("PASSWORD\ttab-28\n", "tab-28"),
+        ("GET /login?next=%2Fhome%3Fpassword%3Durl-29%26a%3D1", "url-29"),
+        ("hdr " + base64.b64encode(b"alice:basic-30").decode() + " end", "YmFzaWMtMzA"),
     ],
 )
 def test_forms_that_leaked_are_scrubbed(text, secret):
@@ -217,6 +236,21 @@ def test_a_yaml_block_keeps_its_shape_and_what_follows():
         "KeyError: 'HF_TOKEN' (set it)",
         "mkdir -p /tmp/out && pytest -p no:cacheprovider && docker run -p 8080:80 img",
         "git rev 4b825dc642cb6eb9a060e54bf8d69288fbee4904 hf_hub_download ghp_short",
+        # issue #37: lockstep's own text that the forms damaged
+        '        key = f"{pg[0]} {pg[1]}"',
+        "    token = make_token(rank)",
+        'gcc -pthread -pipe -O2 && mkdir -p "$S/bin" "$S/head/tmp"',
+        "Authorization headers and bearer tokens, secret query parameters",
+        "No silent pass: when no golden exists the answer is exit 2",
+        "64 bits of HMAC under the job's or the user's key: equal values give equal text.",
+        "Among {env key: key fields} the key whose fields differ least.",
+        "lockstep train c.toml --set KEY=VALUE, `--set key=value`, `--set api_token=...`",
+        "AuthType=auth/munge\nAuthInfo=socket=/run/munge/munge.socket.2\n",
+        "--token-command 'gh api -X POST repos/o/r/actions/runners/registration-token'",
+        "LOCKSTEP_JOB_KEY_FILE=/run/secrets/lockstep-key",
+        "token: HF_TOKEN\npassword: ${{ secrets.DB_PASSWORD }}",
+        # base64 that is no `user:secret`: a digest, a word
+        "sha256-n4bQgYhMfWWaL+qgxVrQFaO/TxsrC4Is0V1sFbDwCgg= dGVzdGluZzEyMzQ1Ng==",
     ],
 )
 def test_what_is_not_secret_survives(text):
@@ -292,3 +326,40 @@ def test_a_secret_name_as_a_json_value_does_not_take_the_next_key():
     text = '{"field": "env.HF_TOKEN", "value": "<redacted:00>", "expected": "x"}'
     assert scrub_text(text) == text
     assert "hunter2" not in scrub_text("['--token', 'hunter2']")
+
+
+def literals(path: Path) -> list[str]:
+    """Every string literal of a Python file (f-strings' constant parts too)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [
+        n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    ]
+
+
+def test_lockstep_s_own_text_survives_redaction():
+    """Every string literal in src/lockstep (its messages, docstrings, scripts and configs) and
+    every example block of the docs comes out of scrub_text unchanged: a false positive damages
+    lockstep's own output (issue #37)."""
+    damaged = []
+    for path in sorted((ROOT / "src" / "lockstep").rglob("*.py")):
+        damaged += [
+            f"{path.relative_to(ROOT)}: {s[:80]!r}" for s in literals(path) if scrub_text(s) != s
+        ]
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        blocks = re.findall(r"```[^\n]*\n(.*?)```", path.read_text(encoding="utf-8"), re.S)
+        damaged += [f"{path.relative_to(ROOT)}: {b[:80]!r}" for b in blocks if scrub_text(b) != b]
+    assert not damaged, "\n".join(damaged)
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("loss", "loss"),
+        ("loss\x1b[2J\x1b[31m", "loss\\x1b[2J\\x1b[31m"),
+        ("a\nPASS: forged", "a\\nPASS: forged"),
+        ("tab\there\r", "tab\\there\\r"),
+        ("grad_norm/\u00e9t\u00e9", "grad_norm/\u00e9t\u00e9"),
+    ],
+)
+def test_control_characters_in_names_are_shown_escaped(name, shown):
+    assert escape_controls(name) == shown

@@ -1,61 +1,16 @@
-"""Keep secrets out of every output: secret-looking names, and secrets inside free text.
-
-A redacted value is shown as `<redacted:HMAC>`, 64 bits of HMAC-SHA256 under a key that no
-output contains, so even a 4-digit secret cannot be recovered by hashing guesses, while two
-ranks whose values of the same secret differ still show as a mismatch. The key is, in order:
-`LOCKSTEP_REDACT_SALT` (one random key per preflight job, shared by its ranks through the
-rendezvous store); `LOCKSTEP_REDACT_KEY` (yours: set the same value when making fingerprint files
-with `lockstep fingerprint` that `lockstep diff` should compare); else a random key per process.
-
-Names: KEY, TOKEN, SECRET, PASSWORD/PASSWD/PASSPHRASE, PGPASS and *_PASS, PRIVATE, CREDENTIAL,
-COOKIE, SESSION, SIGNATURE, AUTH, *_CONNECTION_STRING (any case). Under a secret-named key the
-whole value goes, nested or not, whatever its type. Free text: credentials in URLs (passwords
-holding `@`, `/` or spaces too), `NAME=value`, `--name=value`, `--name value`, `NAME: value`,
-`"name": "value"` (JSON), Authorization headers and bearer tokens, secret query parameters of
-signed URLs, PEM private keys.
-"""
+"""Secrets inside free text (logs, error lines, tracebacks' source lines, values of names that
+are not secret): each form is found in one pass, so a scrub stays linear in the text's length."""
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import hashlib
-import hmac
-import itertools
-import logging
-import os
+import base64
+import binascii
 import re
-import secrets
-import sys
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import BinaryIO
 
-# Words that make a name secret, matched as whole parts of it: `HF_TOKEN`, `apiKey`, `db-pass`,
-# `X-Amz-Signature`, `credentials`, `GH_PAT`, `CI_JOB_JWT`; but not `tokenizers` or `keyring`
-# (package names).
-_WORDS = frozenset(
-    {
-        *("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "PASS", "PGPASS"),
-        *("PGPASSWORD", "PRIVATE", "CREDENTIAL", "COOKIE", "SESSION", "SIGNATURE", "SIG"),
-        *("AUTH", "AUTHORIZATION", "DSN", "APIKEY", "ACCESSKEY", "BEARER", "CONNECTIONSTRING"),
-        *("PW", "PSW", "PSWD", "PAT", "JWT", "WEBHOOK"),
-    }
-)
-# Plurals that still name a secret (`credentials`, `api_keys`); `tokens` counts tokens.
-_PLURALS = _WORDS - {"TOKEN"}
-# A KEY that names no secret after these (`env_key`, `sort_key`, `ssh_public_key`).
-_PLAIN_KEYS = frozenset(
-    {"ENV", "CACHE", "SORT", "PRIMARY", "FOREIGN", "PARTITION", "GROUP", "LOOKUP", "DICT"}
-    | {"INDEX", "HASH", "PUBLIC", "METRIC", "CONFIG", "ROW", "COLUMN", "FIELD"}
-)
-# A name ending in these is an exception's or a warning's (`KeyError`, `TokenExpiredError`).
-_NOT_A_VALUE = frozenset({"ERROR", "EXCEPTION", "WARNING"})
+from lockstep.redact.names import is_secret_name, redacted
+
 # Upper-case verdicts that open a line of lockstep's own (`PASS: ...`): `PASS` is no password there.
 _VERDICTS = frozenset({"PASS"})
-_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
-_PARTS = re.compile(r"[^A-Z0-9]+")
-
 _PEM = re.compile(
     r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----.*?"
     r"(-----END [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----|\Z)",
@@ -79,6 +34,10 @@ _TOKEN_SHAPES = re.compile(
     r"|gl(?:pat|ptt|dt|rt)-[A-Za-z0-9_-]{20,}"  # GitLab
     r"|(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])"  # AWS access key ids
     r"|npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,}|AIza[0-9A-Za-z_-]{35}"
+    r"|ya29\.[0-9A-Za-z_-]{20,}"  # Google OAuth access tokens
+    r"|dapi[0-9a-f]{32}(?:-\d+)?"  # Databricks
+    r"|SG\.[\w-]{16,}\.[\w-]{16,}"  # SendGrid
+    r"|SK[0-9a-fA-F]{32}(?![0-9A-Za-z])"  # Twilio API keys
     r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"  # JWT
     r")"
 )
@@ -109,7 +68,24 @@ _ESCAPED = (
 _SHELL_QUOTE = "'\"'\"'"
 _QUOTED = rf"{_ESCAPED}|{_DQ}|{_SQ}"
 _NULLS = frozenset({"null", "None", "true", "false", "True", "False", "~"})
-_SHORT_FLAG_PLAIN = re.compile(r"[/.~$-]|no:|\d+:\d+")  # a path, pytest's -p no:x, a port map
+SHORT_FLAG_PLAIN = re.compile(r"[/.~$-]|no:|\d+:\d+")  # a path, pytest's -p no:x, a port map
+
+
+# .netrc: `machine h login u password X` on one line, or `password X` opening a line of its own.
+_NETRC = re.compile(
+    r"(?m)\bmachine[ \t]+\S+[ \t]+(?:login[ \t]+\S+[ \t]+)?(?:account[ \t]+\S+[ \t]+)?"
+    r"password[ \t]+(?P<v>[^\s<]\S*)"
+    r"|^[ \t]*(?:login[ \t]+\S+[ \t]+)?password[ \t]+(?P<w>[^\s<]\S*)[ \t]*$"
+)
+# A password glued to its flag: `mysql -pX` (after mysql, mysqldump, mariadb... on its line only:
+# `-pthread` is gcc's). Found line by line from the command on, so the scrub stays linear.
+_MYSQL = re.compile(r"\b(?:mysql|mariadb)\w*")
+_GLUED_P = re.compile(r"(?<=[ \t])-p(?P<v>[^\s\"'<][^\s\"']*)")
+# A bare base64 word that decodes to printable `user:secret` (HTTP Basic credentials).
+_BASE64 = re.compile(
+    r"(?<![\w+/=-])(?:[A-Za-z0-9+/]{4}){3,}(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?(?![\w+/=-])"
+)
+_BASIC = re.compile(r"[\w.@+-]{1,64}:[\x21-\x7e]{1,200}")
 
 
 class _Form:
@@ -125,7 +101,11 @@ _FORMS = (
         r"[^\n\"']+",
         flags=re.IGNORECASE,
     ),
-    _Form(r"\b(?P<name>bearer|basic)\s+", r"[A-Za-z0-9._~+/=:-]{6,}", flags=re.IGNORECASE),
+    _Form(  # a bearer token: a digit in it, or long (`bearer tokens` is prose)
+        r"\b(?P<name>bearer|basic)\s+",
+        r"(?=[A-Za-z._~+/=:-]*\d)[A-Za-z0-9._~+/=:-]{6,}|[A-Za-z0-9._~+/=:-]{16,}",
+        flags=re.IGNORECASE,
+    ),
     _Form(  # "name": "value", 'name': 'value' (JSON, Python reprs)
         r"(?P<q>[\"'])(?P<name>[^\"'\n]{1,80})(?P=q)\s*:\s*",
         rf"{_QUOTED}|[^,{{}}\[\]\s]+",
@@ -143,21 +123,34 @@ _FORMS = (
     _Form(r"[?&;](?P<name>[\w.-]+)=", r"[^&#\s\"']+"),  # signed URLs' query parameters
     _Form(  # NAME=value, --name=value
         r"(?<![\w.-])-{0,2}(?P<name>[A-Za-z_][\w.-]*)\s*=(?!=)\s*",
-        rf"{_ESCAPED}|\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'\\]+",
+        rf"{_ESCAPED}|[rRbBuU]{{0,2}}\"[^\"\n]*\"|[rRbBuU]{{0,2}}'[^'\n]*'|[^\s\"'\\`]+",
     ),
     _Form(  # NAME: value (YAML: to the end of the line, or of the JSON string it is in)
         r"(?<![\w.-])-{0,2}(?P<name>[A-Za-z_][\w.-]*)[ \t]*:[ \t]+",
-        rf"{_ESCAPED}|\"[^\"\n]*\"|'[^'\n]*'|(?:[^\n\"\\]|\\[^\"\n])+",
+        rf"{_ESCAPED}|\"[^\"\n]*\"|'[^'\n]*'|(?:[^\n\"\\`]|\\[^\"\n])+",
         "yaml",
     ),
     _Form(  # --name value, --name "a b"
         r"(?<![\w-])--(?P<name>[A-Za-z][\w-]*)\s+",
-        rf"{_ESCAPED}|\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'\\-][^\s\"'\\]*",
+        rf"{_ESCAPED}|\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'\\`-][^\s\"'\\`]*",
     ),
     _Form(  # -p value (mysql, docker login, sshpass)
         r"(?<![\w-])-(?P<name>p)(?:[ \t]+|=)",
-        rf"{_ESCAPED}|\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'\\][^\s\"'\\]*",
+        rf"{_ESCAPED}|\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'\\`][^\s\"'\\`]*",
         "short",
+    ),
+    _Form(  # NAME:value, no space (`password:x`); not `host:port` or `scheme://`
+        r"(?<![\w.:/-])(?P<name>[A-Za-z_][\w.-]*):(?![\s:/])",
+        rf"{_ESCAPED}|\"[^\"\n]*\"|'[^'\n]*'|[^\s\"',;\\`]+",
+        "colon",
+    ),
+    _Form(  # NAME<TAB>value (a table of names and values)
+        r"(?<![\w.-])(?P<name>[A-Za-z_][\w.-]*)\t+",
+        r"[^\s]+",
+    ),
+    _Form(  # name%3Dvalue, URL-encoded (stops at an encoded '&')
+        r"(?:(?<![\w.%-])|(?<=%[0-9A-Fa-f]{2}))(?P<name>[A-Za-z_][\w.-]*)%3[dD]",
+        r"(?:[^&\s\"'%]|%(?!26)[0-9A-Fa-f]{2})+",
     ),
     _Form(  # wandb's "Invalid API key <key>", "API key is <key>"
         r"(?i)\b(?P<name>api[ -]key)(?:[ \t]+is)?[ \t]*:?[ \t]+",
@@ -165,49 +158,56 @@ _FORMS = (
     ),
 )
 
-_PROCESS_KEY = secrets.token_bytes(32)
+# A documented form's placeholder (`KEY=VALUE`, `--set key=value`, `api_token=...`), no secret.
+_PLACEHOLDERS = frozenset({"value", "VALUE", "val", "VAL", "...", "\u2026", "<value>", "X", "x"})
+_FIRST_WORD = re.compile(r"[\w.-]*")
+# A name that is no English word: `DB_PASS`, `api-key`, `db.password`, `TOKEN`, `apiKey`.
+_IDENTIFIER = re.compile(r".+[_.-].+|[A-Z0-9]{2,}|[a-z]+[A-Z]\w*")
+# Code, not a value: a string literal's prefix (`key = f"{x}"`) or a call (`key = make(x)`).
+_CODE = re.compile(r"(?:[fF][rR]?|[rR][fF])(?=[\"'])|[A-Za-z_][\w.]*\(")
 
 
-def _key() -> bytes:
-    for name in ("LOCKSTEP_REDACT_SALT", "LOCKSTEP_REDACT_KEY"):
-        value = os.environ.get(name)
-        if value:
-            return value.encode()
-    return _PROCESS_KEY
+def _placeholder(value: str) -> bool:
+    """A documented form's placeholder, perhaps with the sentence's punctuation after it."""
+    return value in _PLACEHOLDERS or (value[-1] in ",.;:)" and value[:-1] in _PLACEHOLDERS)
 
 
-def is_secret_name(name: object) -> bool:
-    """Whether a name (of a variable, key, flag or query parameter) looks secret."""
-    return isinstance(name, str) and _secret_name(name)
+def _reference(word: str) -> bool:
+    """A secret's name used as a value (`HF_TOKEN`, `secrets.DB_PASSWORD`, `key_fields`): an
+    identifier without digits, which a secret's value rarely is."""
+    return (
+        is_secret_name(word)
+        and not any(c.isdigit() for c in word)
+        and ("_" in word or "." in word or word.isupper())
+    )
 
 
-@functools.lru_cache(maxsize=4096)
-def _secret_name(name: str) -> bool:
-    parts = [p for p in _PARTS.split(_CAMEL.sub("_", name).upper()) if p]
-    if not parts or parts[-1] in _NOT_A_VALUE:
-        return False
-    singular = [p[:-1] if p.endswith("S") and p[:-1] in _PLURALS else p for p in parts]
-    words = {
-        p
-        for i, p in enumerate(singular)
-        if p != "KEY" or i == 0 or singular[i - 1] not in _PLAIN_KEYS
-    }
-    joined = {a + b for a, b in itertools.pairwise(singular)}
-    return bool(_WORDS.intersection(words) or _WORDS.intersection(joined))
-
-
-def fingerprint_of(value: object) -> str:
-    """64 bits of HMAC-SHA256 under the job's or the user's key: equal values give equal text."""
-    text = value if isinstance(value, str) else repr(value)
-    return hmac.new(_key(), text.encode(), hashlib.sha256).hexdigest()[:16]
-
-
-def redacted(value: object) -> str:
-    return f"<redacted:{fingerprint_of(value)}>"
+def _structural(text: str, start: int) -> bool:
+    """Whether a name at `start` stands where a YAML key or a log's field does (a line's start,
+    a list item, after `{ , ; ( [ :` or a quote), not inside prose (`the user's key: ...`);
+    elsewhere only a name that is no English word counts (`_IDENTIFIER`)."""
+    i = start
+    while i > 0 and text[i - 1] in " \t":
+        i -= 1
+    if i == 0 or text[i - 1] in "\n{,;([:\"'#":
+        return True
+    return text[i - 1] == "-" and (i == 1 or text[i - 2] in " \t\n")
 
 
 def _replacement(form: _Form, m: re.Match, value: str) -> str | None:
     """What a secret value after `m` becomes, or None to leave it."""
+    if not form.kind and _CODE.match(m.string, m.end()):
+        return None  # a line of source code (a traceback's), not a secret
+    if form.kind == "yaml" and not (
+        _structural(m.string, m.start()) or _IDENTIFIER.fullmatch(m["name"])
+    ):
+        return None
+    if value.lstrip("\"'").startswith("$"):
+        return None  # `$DB_PASS`, `${{ secrets.X }}`: a reference to a secret, not one
+    if form.kind in ("yaml", "colon") and _reference(_FIRST_WORD.match(value).group()):
+        return None  # `token: HF_TOKEN` names where the secret is, it is not one
+    if form.kind == "colon" and value.isdigit() and "." in m["name"] + value:
+        return None  # host.name:port
     if form.kind == "yaml":
         if m["name"] in _VERDICTS:
             return None  # a verdict line (`PASS: 2 ranks on 1 node`), not a password
@@ -216,15 +216,15 @@ def _replacement(form: _Form, m: re.Match, value: str) -> str | None:
             return None  # nothing to hide; a block scalar is `_blocks`'
     elif form.kind == "json" and value in _NULLS:
         return None  # `"api_key": null` stays valid JSON
-    elif form.kind == "short" and _SHORT_FLAG_PLAIN.match(value):
-        return None
+    elif form.kind == "short" and SHORT_FLAG_PLAIN.match(value.lstrip("\"'")):
+        return None  # mkdir -p "$DIR"
     quote = value[0] if len(value) > 1 and value[0] in "\"'" and value[-1] == value[0] else ""
     if value[:1] == "\\" and len(value) > 3 and value[:2] == value[-2:]:
         quote = value[:2]  # \'x\' in a repr, \"x\" in JSON
     elif value.startswith(_SHELL_QUOTE) and len(value) > 10 and value.endswith(_SHELL_QUOTE):
         quote = _SHELL_QUOTE
     inner = value[len(quote) : len(value) - len(quote)]
-    if not inner or inner.startswith("<redacted:"):
+    if len(inner) < 2 or inner.startswith("<redacted:") or _placeholder(inner):
         return None
     if form.kind == "json" and not quote:
         quote = m["q"]  # a bare number under a quoted name: still valid JSON once quoted
@@ -319,123 +319,43 @@ def scrub_text(text: str) -> str:
         )
     text = _WEBHOOK.sub(lambda m: m.group(0)[: m.start("v") - m.start()] + redacted(m["v"]), text)
     text = _TOKEN_SHAPES.sub(lambda m: redacted(m.group(0)), text)
+    if "password" in text:
+        text = _NETRC.sub(_group_v, text)
+    if "-p" in text:
+        text = "\n".join(_mysql_line(line) for line in text.split("\n"))
+    text = _BASE64.sub(_basic_credentials, text)
     for form in _FORMS:
         text = _sub(form, text)
     return text
 
 
-def _secret_flag(flag: str, value: str) -> bool:
-    if not flag.startswith("-") or "=" in flag:
-        return False
-    if flag == "-p":
-        return not _SHORT_FLAG_PLAIN.match(value)
-    return is_secret_name(flag)
+def _group_v(m: re.Match) -> str:
+    """The match with its group `v` or `w` (the secret) redacted."""
+    g = "v" if m["v"] is not None else "w"
+    whole, start, end = m.group(0), m.start(g) - m.start(), m.end(g) - m.start()
+    return whole[:start] + redacted(m[g]) + whole[end:]
 
 
-def scrub_argv(argv: Sequence[str]) -> list[str]:
-    """A command line with its secrets redacted: each argument's own (`--set api_token=x`,
-    `--set logging.run_name=https://u:p@h`, `--set a=1,password=x`), and the whole argument
-    after a secret-named flag (`--api-key VALUE`, `-p VALUE`)."""
-    out = []
-    for i, arg in enumerate(argv):
-        flag = argv[i - 1] if i else ""
-        out.append(redacted(arg) if _secret_flag(flag, arg) else scrub_text(arg))
-    return out
+def _mysql_line(line: str) -> str:
+    """A line's `-pPASSWORD` after a MySQL client's name redacted."""
+    m = _MYSQL.search(line) if "-p" in line else None
+    if m is None:
+        return line
+    return line[: m.end()] + _GLUED_P.sub(_group_v, line[m.end() :])
 
 
-@contextlib.contextmanager
-def scrubbed_argv() -> Iterator[None]:
-    """`sys.argv` redacted while inside, for a library that records the command line (wandb)."""
-    argv = sys.argv
-    sys.argv = scrub_argv(argv)
+def _basic_credentials(m: re.Match) -> str:
+    """A base64 word redacted when it decodes to printable `user:secret`, else left as it is."""
     try:
-        yield
-    finally:
-        sys.argv = argv
+        decoded = base64.b64decode(m.group(0), validate=True).decode("ascii")
+    except (binascii.Error, UnicodeDecodeError):
+        return m.group(0)
+    return redacted(m.group(0)) if _BASIC.fullmatch(decoded) else m.group(0)
 
 
-def scrub_file(path: str | os.PathLike) -> bool:
-    """Rewrite a text file (a child process's log) with its secrets redacted; whether it had any."""
-    path = Path(path)
-    text = path.read_bytes().decode("utf-8", "replace")
-    clean = scrub_text(text)
-    if clean != text:
-        path.write_text(clean, encoding="utf-8")
-    return clean != text
-
-
-@contextlib.contextmanager
-def scrubbed_log(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """A new file at `path`, open for appending, for children's stdout/stderr (every writer
-    appends, so a process that opens it again writes after, not over, the others); when the
-    block ends, however it ends (a timeout's kill too), it is scrubbed before anything reads or
-    quotes it."""
-    try:
-        open(path, "wb").close()
-        with open(path, "ab") as out:
-            yield out
-    finally:
-        if os.path.isfile(path):
-            scrub_file(path)
-
-
-class _ScrubRecords(logging.Filter):
-    """Rewrites a record as its redacted text (message and traceback): torchelastic logs a
-    failed rank's exception, whose text may hold a secret, through its own logger."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        if record.exc_info:
-            text += "\n" + logging.Formatter().formatException(record.exc_info)
-        elif record.exc_text:
-            text += "\n" + record.exc_text
-        record.msg, record.args = scrub_text(text), ()
-        record.exc_info = record.exc_text = None
-        return True
-
-
-@contextlib.contextmanager
-def scrubbed_logger(logger: str = "torch.distributed.elastic") -> Iterator[None]:
-    """While inside: every handler that records of `logger` and its children reach redacts
-    them first (a handler's filter, unlike a logger's, sees its children's records too)."""
-    handlers, log = {logging.lastResort} - {None}, logging.getLogger(logger)
-    for name, child in list(logging.root.manager.loggerDict.items()):
-        if name.startswith(logger + ".") and isinstance(child, logging.Logger):
-            handlers.update(child.handlers)
-    while log:
-        handlers.update(log.handlers)
-        log = log.parent if log.propagate else None
-    scrub = _ScrubRecords()
-    for handler in handlers:
-        handler.addFilter(scrub)
-    try:
-        yield
-    finally:
-        for handler in handlers:
-            handler.removeFilter(scrub)
-
-
-def redact_value(name: object, value: object) -> object:
-    """One value under its name: all of it when the name looks secret, else its secrets."""
-    if value is None or isinstance(value, bool):
-        return value
-    if is_secret_name(name):
-        return redacted(value if isinstance(value, str) else _canonical(value))
-    if isinstance(value, Mapping):
-        return redact_mapping(value)
-    if isinstance(value, list | tuple | set | frozenset):
-        return [redact_value(name, v) for v in value]
-    if isinstance(value, str):
-        return scrub_text(value)
-    return value
-
-
-def redact_mapping(mapping: Mapping) -> dict:
-    """Redact a flat or nested mapping; lists and tuples are walked, secret-named subtrees go."""
-    return {key: redact_value(key, value) for key, value in mapping.items()}
-
-
-def _canonical(value: object) -> str:
-    import json
-
-    return json.dumps(value, sort_keys=True, default=repr, separators=(",", ":"))
+def escape_controls(name: str) -> str:
+    """A name to show on a terminal: control characters (escape codes, newlines) as `\\xNN`
+    escapes, so a name never moves the cursor, colours the screen or forges a line."""
+    if name.isprintable():
+        return name
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)

@@ -1,0 +1,132 @@
+"""Secrets out of what lockstep writes: command lines, child processes' logs, logging records,
+and mappings (fingerprints, reports) walked by the names of their keys."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+from lockstep.redact.names import is_secret_name, redacted
+from lockstep.redact.text import SHORT_FLAG_PLAIN, scrub_text
+
+
+def _secret_flag(flag: str, value: str) -> bool:
+    if not flag.startswith("-") or "=" in flag:
+        return False
+    if flag == "-p":
+        return not SHORT_FLAG_PLAIN.match(value)
+    return is_secret_name(flag)
+
+
+def scrub_argv(argv: Sequence[str]) -> list[str]:
+    """A command line with its secrets redacted: each argument's own (`--set api_token=x`,
+    `--set logging.run_name=https://u:p@h`, `--set a=1,password=x`), and the whole argument
+    after a secret-named flag (`--api-key VALUE`, `-p VALUE`)."""
+    out = []
+    for i, arg in enumerate(argv):
+        flag = argv[i - 1] if i else ""
+        out.append(redacted(arg) if _secret_flag(flag, arg) else scrub_text(arg))
+    return out
+
+
+@contextlib.contextmanager
+def scrubbed_argv() -> Iterator[None]:
+    """`sys.argv` redacted while inside, for a library that records the command line (wandb)."""
+    argv = sys.argv
+    sys.argv = scrub_argv(argv)
+    try:
+        yield
+    finally:
+        sys.argv = argv
+
+
+def scrub_file(path: str | os.PathLike) -> bool:
+    """Rewrite a text file (a child process's log) with its secrets redacted; whether it had any."""
+    path = Path(path)
+    text = path.read_bytes().decode("utf-8", "replace")
+    clean = scrub_text(text)
+    if clean != text:
+        path.write_text(clean, encoding="utf-8")
+    return clean != text
+
+
+@contextlib.contextmanager
+def scrubbed_log(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A new file at `path`, open for appending, for children's stdout/stderr (every writer
+    appends, so a process that opens it again writes after, not over, the others); when the
+    block ends, however it ends (a timeout's kill too), it is scrubbed before anything reads or
+    quotes it."""
+    try:
+        open(path, "wb").close()
+        with open(path, "ab") as out:
+            yield out
+    finally:
+        if os.path.isfile(path):
+            scrub_file(path)
+
+
+class _ScrubRecords(logging.Filter):
+    """Rewrites a record as its redacted text (message and traceback): torchelastic logs a
+    failed rank's exception, whose text may hold a secret, through its own logger."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + logging.Formatter().formatException(record.exc_info)
+        elif record.exc_text:
+            text += "\n" + record.exc_text
+        record.msg, record.args = scrub_text(text), ()
+        record.exc_info = record.exc_text = None
+        return True
+
+
+@contextlib.contextmanager
+def scrubbed_logger(logger: str = "torch.distributed.elastic") -> Iterator[None]:
+    """While inside: every handler that records of `logger` and its children reach redacts
+    them first (a handler's filter, unlike a logger's, sees its children's records too)."""
+    handlers, log = {logging.lastResort} - {None}, logging.getLogger(logger)
+    for name, child in list(logging.root.manager.loggerDict.items()):
+        if name.startswith(logger + ".") and isinstance(child, logging.Logger):
+            handlers.update(child.handlers)
+    while log:
+        handlers.update(log.handlers)
+        log = log.parent if log.propagate else None
+    scrub = _ScrubRecords()
+    for handler in handlers:
+        handler.addFilter(scrub)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(scrub)
+
+
+def redact_value(name: object, value: object) -> object:
+    """One value under its name: all of it when the name looks secret, else its secrets."""
+    if value is None or isinstance(value, bool):
+        return value
+    if is_secret_name(name):
+        return redacted(value if isinstance(value, str) else _canonical(value))
+    if isinstance(value, Mapping):
+        return redact_mapping(value)
+    if isinstance(value, list | tuple | set | frozenset):
+        return [redact_value(name, v) for v in value]
+    if isinstance(value, str):
+        return scrub_text(value)
+    return value
+
+
+def redact_mapping(mapping: Mapping) -> dict:
+    """Redact a flat or nested mapping; lists and tuples are walked, secret-named subtrees go."""
+    return {key: redact_value(key, value) for key, value in mapping.items()}
+
+
+def _canonical(value: object) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True, default=repr, separators=(",", ":"))
