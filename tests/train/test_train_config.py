@@ -7,7 +7,7 @@ import pytest
 from lockstep.cli import main
 from lockstep.errors import UsageError
 from lockstep.train.config import load_config
-from lockstep.train.engines import ENGINES
+from lockstep.train.engine_table import ENGINES
 
 SMOKE = Path(__file__).resolve().parents[2] / "smoke"
 

@@ -117,13 +117,12 @@ class Launches:
 
 def on_config(request: Request, sizes: list[int], workdir: Path, show: Show) -> list:
     """Each check in its own launch (or its plan's), the checks of `all` without a plan in one."""
-    from lockstep import extras
-    from lockstep.train.config import load_config
+    from lockstep.train.config import load_config, require_config
 
     overrides = list(request.overrides) + ([f"steps={request.steps}"] if request.steps else [])
     cfg = load_config(request.config, overrides)
     cfg.check(request.nproc)
-    extras.require_config(f"lockstep check {request.config}", cfg, wandb=False)  # no wandb
+    require_config(f"lockstep check {request.config}", cfg, wandb=False)  # no wandb
     if request.rtol is not None or request.atol is not None:
         raise UsageError("--rtol/--atol apply to --script; checks on a CONFIG use fixed tolerances")
     if request.launcher is not None or request.run_path:

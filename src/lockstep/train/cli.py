@@ -40,13 +40,12 @@ def register(subparsers) -> None:
 def run_train(args: argparse.Namespace) -> int:
     """One rank of an outer launch (`lockstep.env.launcher` reads which), or, with none,
     `--nproc` local ranks started here after the config and resume checks."""
-    from lockstep import extras
     from lockstep.env import launcher
     from lockstep.errors import EXIT_FAIL, UsageError
-    from lockstep.train.config import load_config
+    from lockstep.train.config import load_config, require_config
 
     cfg = load_config(args.config, args.overrides)
-    extras.require_config(f"lockstep train {args.config}", cfg)  # before any rank starts
+    require_config(f"lockstep train {args.config}", cfg)  # before any rank starts
     out = Path(args.out)
     info = launcher.adopt()  # sets RANK, MASTER_ADDR, ... for srun, mpirun and PMI too
     if info is None:

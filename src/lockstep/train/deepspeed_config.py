@@ -14,7 +14,7 @@ from typing import Any
 
 from lockstep.errors import UsageError
 from lockstep.train.config import RunConfig
-from lockstep.train.engines import ENGINES
+from lockstep.train.engine_table import ENGINES
 
 FP16_DYNAMIC = {
     "enabled": True,
