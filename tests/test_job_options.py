@@ -79,11 +79,15 @@ def test_parsed_options_become_a_frozen_object():
 
 
 def test_a_scripts_default_steps_in_the_help_are_the_commands_own():
+    from lockstep.checks import cli as check_cli
     from lockstep.checks import plans
     from lockstep.gate import cli as gate_cli
     from lockstep.gate.job import DEFAULT_SCRIPT_STEPS
 
-    assert gate_cli.SCRIPT_STEPS == DEFAULT_SCRIPT_STEPS
+    assert (check_cli.SCRIPT_STEPS, gate_cli.SCRIPT_STEPS) == (
+        plans.SCRIPT_STEPS,
+        DEFAULT_SCRIPT_STEPS,
+    )
     assert f"{plans.SCRIPT_STEPS} with --script" in declared(("check",))["steps"].help
     assert f"{DEFAULT_SCRIPT_STEPS} with --script" in declared(("gate", "check"))["steps"].help
 

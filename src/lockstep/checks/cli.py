@@ -12,7 +12,9 @@ import argparse
 from pathlib import Path
 
 from lockstep import job_options
-from lockstep.checks import plans, registry
+from lockstep.checks import registry
+
+SCRIPT_STEPS = 8  # a script's steps without --steps: plans.SCRIPT_STEPS (imported when it runs)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "resume, world-size, replicas; see docs/scripts.md).",
     )
     p.add_argument("name", choices=[*registry.names(), "all"], help="the check to run")
-    job_options.job(p, script_steps=plans.SCRIPT_STEPS, steps_note="; resume stops at half")
+    job_options.job(p, script_steps=SCRIPT_STEPS, steps_note="; resume stops at half")
     p.add_argument(
         "--launcher",
         choices=("torchrun", "deepspeed"),
@@ -61,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_checks(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from lockstep.checks import command
+    from lockstep.checks import command, plans
 
     request = plans.Request(
         name=args.name,
