@@ -178,7 +178,7 @@ def test_sigterm_early_in_gate_ab_removes_its_worktree_and_temp_folder(tmp_path,
     git(repo, "add", "sleeper.py")
     git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
     proc = start(tmp_path, "gate", "ab", "--script", sleeper, "--base", "HEAD", "--rounds",
-                 "2", cwd=repo)  # fmt: skip
+                 "2", "--nproc", "1", cwd=repo)  # fmt: skip
     pids = []
     if moment == "worktree":  # as soon as its temp folder is there: before or while git works
         deadline = time.monotonic() + 60

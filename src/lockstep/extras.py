@@ -45,23 +45,3 @@ def require(what: str, needs: dict[str, str]) -> None:
         f"{'which is' if len(parts) == 1 else 'which are'} not installed: "
         f"pip install 'lockstep[{extras}]'{hint}"
     )
-
-
-def config_needs(cfg, wandb: bool = True) -> dict[str, str]:
-    """The optional modules the ranks of run config `cfg` import: transformers for a model
-    preset, DeepSpeed for a ZeRO engine, wandb while logging.wandb is not disabled (`wandb`
-    False: the caller turns it off)."""
-    needs = {}
-    if not cfg.model.factory:
-        needs["transformers"] = f"model preset {cfg.model.preset}"
-    from lockstep.train.engines import ENGINES
-
-    for module in ENGINES[cfg.engine.name].requires:  # deepspeed for a ZeRO engine
-        needs[module] = f"engine {cfg.engine.name}"
-    if wandb and cfg.logging.wandb != "disabled":
-        needs["wandb"] = f"logging.wandb = '{cfg.logging.wandb}'"
-    return needs
-
-
-def require_config(what: str, cfg, wandb: bool = True) -> None:
-    require(what, config_needs(cfg, wandb))

@@ -44,9 +44,9 @@ class ReferenceJob:
 
     def require_extras(self, what: str) -> None:
         """One line naming a missing extra (`lockstep.extras`), before any rank starts."""
-        from lockstep import extras
+        from lockstep.train.config import require_config
 
-        extras.require_config(what, self.cfg)
+        require_config(what, self.cfg)
 
     def argv(
         self, workdir: Path, cwd: Path | None = None, extra: tuple[str, ...] = ()

@@ -1,6 +1,6 @@
 """The check registry drives the CLI, and a check's summary is printed as text, never markup."""
 
-from lockstep.checks import cli, harness, registry
+from lockstep.checks import command, harness, registry
 from lockstep.checks.result import CheckResult
 
 
@@ -19,7 +19,7 @@ def test_every_registered_check_is_runnable_where_the_registry_says():
 
 def test_summary_with_brackets_is_printed_verbatim(capsys):
     summary = "runs in /tmp/[red]x[/red] and [bold]y"
-    cli._report(CheckResult("determinism", False, summary, diagnosis="see [link]"))
+    command.show(CheckResult("determinism", False, summary, diagnosis="see [link]"))
     out = capsys.readouterr().out
     assert "FAIL determinism: runs in /tmp/[red]x[/red] and [bold]y" in out
     assert "see [link]" in out

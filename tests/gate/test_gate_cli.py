@@ -209,6 +209,8 @@ def test_ab_alternates_base_and_head_trees(tmp_path, monkeypatch):
         "HEAD",
         "--rounds",
         3,
+        "--nproc",
+        1,
         "--steps",
         4,
         "--alpha",

@@ -5,7 +5,7 @@ import json
 from lockstep.cli import main
 from lockstep.train.config import load_config
 from lockstep.train.deepspeed_config import generate, problems
-from lockstep.train.engines import zero_stages
+from lockstep.train.engine_table import zero_stages
 
 SEED_ZERO3 = {  # the shape of seed 001, including its offload_gradients mistake
     "train_batch_size": 32,

@@ -1,24 +1,25 @@
-"""The engine table (`lockstep.train.engines.ENGINES`): the built-in rows, and a new engine as one
-file, this one. It defines an engine (DDP under another name), registers its row, and lockstep
-derives the rest: the config accepts the name and the options it claims, the clip norm rule,
-checkpoint compatibility with ddp and fsdp, the modules a launcher preloads, the extras it needs;
-a run builds and trains it, the equivalence check holds it to ddp, and ddp resumes its
-checkpoint. No other file names it."""
+"""The engine table (`lockstep.train.engine_table.ENGINES`): the built-in rows, and a new
+engine as one file, this one. It defines an engine (DDP under another name), registers its row,
+and lockstep derives the rest: the config accepts the name and the options it claims, the clip
+norm rule, checkpoint compatibility with ddp and fsdp, the modules a launcher preloads, the
+extras it needs; a run builds and trains it, the equivalence check holds it to ddp, and ddp
+resumes its checkpoint. No other file names it."""
 
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 from torch import nn
 
-from lockstep import extras
 from lockstep.errors import UsageError
-from lockstep.train import engines
+from lockstep.train import engine_table as table
 from lockstep.train.checkpoint import check_compatible
-from lockstep.train.config import from_dict
-from lockstep.train.engines import ENGINES, EngineSpec, engine_modules, register
+from lockstep.train.config import config_needs, from_dict
+from lockstep.train.engine_table import ENGINES, EngineSpec, engine_modules, register
 from lockstep.train.engines.ddp import DDPEngine
 
 QUIET = {"logging": {"wandb": "disabled", "progress": False}}
@@ -90,11 +91,11 @@ def usage_error(cfg) -> str:
 def test_builtin_rows():
     """The table as lockstep ships it: what the config, checkpoints and DeepSpeed derive."""
     assert list(ENGINES) == ["ddp", "fsdp", "zero1", "zero2", "zero3"]
-    assert engines.zero_stages() == {"zero1": 1, "zero2": 2, "zero3": 3}
-    assert engines.shared_checkpoints() == [("ddp", "fsdp")]
-    assert engines.norm_types() == (2.0, math.inf)
-    assert engines.engines_clipping_by(math.inf) == ("ddp", "fsdp")
-    assert {o: engines.engines_with(o) for o in engines.engine_options()} == {
+    assert table.zero_stages() == {"zero1": 1, "zero2": 2, "zero3": 3}
+    assert table.shared_checkpoints() == [("ddp", "fsdp")]
+    assert table.norm_types() == (2.0, math.inf)
+    assert table.engines_clipping_by(math.inf) == ("ddp", "fsdp")
+    assert {o: table.engines_with(o) for o in table.engine_options()} == {
         "find_unused_parameters": ("ddp",),
         "bucket_cap_mb": ("ddp",),
         "reshard_after_forward": ("fsdp",),
@@ -152,10 +153,28 @@ def test_checkpoint_compatibility_follows_the_format(tmp_path, toy):
         check_compatible({"engine": "elsewhere", "world_size": 2}, tmp_path, "toy")
 
 
+def test_the_table_imports_nothing_of_train_nor_torch():
+    """The run config reads the table in the launching process, and the engines' interface
+    imports the run config: the table stands below both (no import circle)."""
+    code = (
+        "import sys, lockstep.train.engine_table; "
+        "print(sorted(m for m in sys.modules if m.startswith(('lockstep.train.', 'torch'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['lockstep.train.engine_table']"
+
+
+def test_the_engines_package_re_exports_the_table():
+    from lockstep.train import engines
+
+    assert engines.ENGINES is ENGINES and engines.register is register
+    assert engines.EngineSpec is EngineSpec and engines.zero_stages is table.zero_stages
+
+
 def test_launcher_modules_and_extras(toy):
     assert engine_modules("toy") == [__name__]
-    assert "deepspeed" not in extras.config_needs(config("toy"))
-    assert extras.config_needs(config("zero1"))["deepspeed"] == "engine zero1"
+    assert "deepspeed" not in config_needs(config("toy"))
+    assert config_needs(config("zero1"))["deepspeed"] == "engine zero1"
 
 
 def test_it_trains_matches_ddp_and_ddp_resumes_it(tmp_path, toy):

@@ -7,7 +7,7 @@ import pytest
 from lockstep.cli import main
 from lockstep.errors import UsageError
 from lockstep.train.config import load_config
-from lockstep.train.engines import ENGINES
+from lockstep.train.engine_table import ENGINES
 
 SMOKE = Path(__file__).resolve().parents[2] / "smoke"
 
@@ -89,6 +89,22 @@ def test_half_set_launcher_variables(capsys, monkeypatch):
     assert main(["train", str(SMOKE / "cpu-ddp.toml")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "half-set: RANK set but WORLD_SIZE missing" in err
+
+
+def test_a_timeout_under_a_launcher_is_refused(capsys, monkeypatch):
+    """--timeout bounds the local ranks `--nproc` starts; under torchrun (here one rank of
+    it) another value than its default is one line, exit 2 (the default is no request:
+    tests/env/test_env_launcher.py trains under launchers without it)."""
+    launch = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}
+    for name, value in {**launch, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "t")
+    assert main(["train", str(SMOKE / "cpu-ddp.toml"), "--timeout", "60"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == "lockstep: error: --timeout is for --nproc local ranks; torchelastic started this one"
+    )
 
 
 def test_checkpoint_without_manifest_is_incomplete(tmp_path):

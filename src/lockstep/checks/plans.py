@@ -1,7 +1,7 @@
 """How `lockstep check` runs what it is asked (`Request`): on a CONFIG, the launches of
 lockstep's reference job (the checks without a plan share one launch in `all`; `resume`,
 `world_sizes` and `elastic` below make their own); on a script, its runs. Each result is
-shown as it comes (`show`); the CLI parses, calls `run` and prints.
+shown as it comes (`show`); `checks.command` calls `run` and prints.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from pathlib import Path
 from lockstep.checks import registry
 from lockstep.checks.result import CheckResult
 from lockstep.errors import UsageError
+from lockstep.job_options import NPROC, TIMEOUT_S
 
 Show = Callable[[CheckResult], None]
-SCRIPT_TIMEOUT_S = 600.0  # a script's launches; a CONFIG's have no limit unless asked
+SCRIPT_STEPS = 8  # a script's steps per run without --steps
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Request:
     config: str | None = None
     script: str | None = None
     overrides: tuple[str, ...] = ()
-    nproc: int = 2
+    nproc: int = NPROC
     launcher: str | None = None
     run_path: bool = False
     steps: int | None = None
@@ -36,7 +37,7 @@ class Request:
     resume_nproc: int | None = None
     rtol: float | None = None
     atol: float | None = None
-    timeout: float | None = None  # seconds per launch: a script's default SCRIPT_TIMEOUT_S
+    timeout: float = TIMEOUT_S  # seconds per launch
     out: Path | None = None
 
 
@@ -117,13 +118,12 @@ class Launches:
 
 def on_config(request: Request, sizes: list[int], workdir: Path, show: Show) -> list:
     """Each check in its own launch (or its plan's), the checks of `all` without a plan in one."""
-    from lockstep import extras
-    from lockstep.train.config import load_config
+    from lockstep.train.config import load_config, require_config
 
     overrides = list(request.overrides) + ([f"steps={request.steps}"] if request.steps else [])
     cfg = load_config(request.config, overrides)
     cfg.check(request.nproc)
-    extras.require_config(f"lockstep check {request.config}", cfg, wandb=False)  # no wandb
+    require_config(f"lockstep check {request.config}", cfg, wandb=False)  # no wandb
     if request.rtol is not None or request.atol is not None:
         raise UsageError("--rtol/--atol apply to --script; checks on a CONFIG use fixed tolerances")
     if request.launcher is not None or request.run_path:
@@ -195,14 +195,14 @@ def on_script(request: Request, sizes: list[int], workdir: Path, show: Show) -> 
     runner = ScriptRunner(
         request.script,
         workdir,
-        timeout=request.timeout or SCRIPT_TIMEOUT_S,
+        timeout=request.timeout,
         launcher=request.launcher or "torchrun",
         run_path=request.run_path,
     )
     names = supported if request.name == "all" else (request.name,)
     if request.name == "all":  # e.g. replicas needs two ranks to compare
         names = tuple(n for n in names if request.nproc >= registry.CHECKS[n].script.min_nproc)
-    asked = Runs(request.nproc, request.steps or 8, sizes)
+    asked = Runs(request.nproc, request.steps or SCRIPT_STEPS, sizes)
     results = []
     for name in names:
         side = registry.CHECKS[name].script

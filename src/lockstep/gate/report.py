@@ -14,7 +14,7 @@ from pathlib import Path
 from lockstep.gate.compare import Finding
 from lockstep.redact import redact_mapping, scrub_text
 from lockstep.summary_md import md_cell
-from lockstep.summary_md import step_summary as step_summary  # gate.cli's report.step_summary
+from lockstep.summary_md import step_summary as step_summary  # gate.commands's report.step_summary
 
 
 def rows(findings: list[Finding]) -> list[tuple[str, str, str, str]]:

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from lockstep.errors import RankTimeout, UsageError
-from lockstep.train import engines
+from lockstep.train import engine_table
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -261,10 +261,10 @@ def check_compatible(manifest: dict[str, Any], path: Path, engine: str) -> None:
     """An engine resumes its own checkpoints and those of engines that write the same format
     (`EngineSpec.checkpoint`: ddp and fsdp share DCP; each ZeRO stage has its own)."""
     saved = manifest["engine"]
-    if not engines.resumes(saved, engine):
+    if not engine_table.resumes(saved, engine):
         shared = "; ".join(
-            f"{engines.series(group, 'and')} can load each other's"
-            for group in engines.shared_checkpoints()
+            f"{engine_table.series(group, 'and')} can load each other's"
+            for group in engine_table.shared_checkpoints()
         )
         raise UsageError(
             f"checkpoint {path} was written by engine '{saved}', this run uses '{engine}'; "

@@ -14,17 +14,18 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationError
 from pydantic_core import PydanticCustomError
 
+from lockstep import extras
 from lockstep.errors import UsageError
-from lockstep.train import engines
-from lockstep.train.engines import ENGINES
+from lockstep.train import engine_table
+from lockstep.train.engine_table import ENGINES
 
 
 def _engine_name(value: Any) -> str:
-    """A name in the engine table (`lockstep.train.engines.ENGINES`), else pydantic's own
+    """A name in the engine table (`lockstep.train.engine_table.ENGINES`), else pydantic's own
     error for a Literal of those names."""
     if isinstance(value, str) and value in ENGINES:
         return value
-    expected = engines.series([repr(name) for name in ENGINES])
+    expected = engine_table.series([repr(name) for name in ENGINES])
     raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
 
 
@@ -162,23 +163,23 @@ class RunConfig(_Section):
         """Everything that can be checked before a rank starts; raises UsageError."""
         e = self.engine
         self.batch_shape(world_size)
-        for key in sorted(e.model_fields_set & set(engines.engine_options())):
-            allowed = engines.engines_with(key)
+        for key in sorted(e.model_fields_set & set(engine_table.engine_options())):
+            allowed = engine_table.engines_with(key)
             if e.name not in allowed and getattr(e, key) != EngineConfig.model_fields[key].default:
                 raise UsageError(
                     f"engine.{key} applies to engine {', '.join(allowed)}, not '{e.name}'; "
                     "remove it"
                 )
         norm, spec = self.clip.norm_type, ENGINES[e.name]
-        if norm not in engines.norm_types():
-            supported = engines.series(f"{n:g}" for n in engines.norm_types())
+        if norm not in engine_table.norm_types():
+            supported = engine_table.series(f"{n:g}" for n in engine_table.norm_types())
             raise UsageError(f"clip.norm_type={norm} is not supported; use {supported}")
         if norm not in spec.norm_types:
             why = f" ({spec.norm_note})" if spec.norm_note else ""
             raise UsageError(
                 f"clip.norm_type={norm:g} is not supported by engine '{e.name}'{why}; use "
-                f"norm_type {engines.series(f'{n:g}' for n in spec.norm_types)}, or engine "
-                f"{engines.series(engines.engines_clipping_by(norm))}"
+                f"norm_type {engine_table.series(f'{n:g}' for n in spec.norm_types)}, or engine "
+                f"{engine_table.series(engine_table.engines_clipping_by(norm))}"
             )
         device = self.resolved_device()
         if device == "cpu" and self.precision != "fp32":
@@ -207,6 +208,26 @@ def resolve_factory(spec: str, key: str):
     if not callable(func):
         raise UsageError(f"{key}='{spec}': {module_name} has no callable '{attr}'")
     return func
+
+
+def config_needs(cfg: RunConfig, wandb: bool = True) -> dict[str, str]:
+    """The optional modules the ranks of run config `cfg` import: transformers for a model
+    preset, DeepSpeed for a ZeRO engine, wandb while logging.wandb is not disabled (`wandb`
+    False: the caller turns it off)."""
+    needs = {}
+    if not cfg.model.factory:
+        needs["transformers"] = f"model preset {cfg.model.preset}"
+    for module in ENGINES[cfg.engine.name].requires:  # deepspeed for a ZeRO engine
+        needs[module] = f"engine {cfg.engine.name}"
+    if wandb and cfg.logging.wandb != "disabled":
+        needs["wandb"] = f"logging.wandb = '{cfg.logging.wandb}'"
+    return needs
+
+
+def require_config(what: str, cfg: RunConfig, wandb: bool = True) -> None:
+    """One line naming the extra to install when a module `cfg` needs is missing
+    (`lockstep.extras.require`), before any rank starts."""
+    extras.require(what, config_needs(cfg, wandb))
 
 
 def _parse_value(text: str) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 
 from lockstep.errors import UsageError
 from lockstep.train.config import RunConfig
-from lockstep.train.engines import ENGINES
+from lockstep.train.engine_table import ENGINES
 
 FP16_DYNAMIC = {
     "enabled": True,
@@ -223,3 +223,23 @@ def problems(ds: dict[str, Any], world_size: int) -> list[str]:
             "Trainer, lockstep train) accepts that; set a value"
         )
     return found
+
+
+def check_file(path: str, world_size: int) -> int:
+    """`lockstep ds-config FILE --world-size N`: one line per problem of FILE (exit 1), or one
+    saying it is fine for that world size (exit 0)."""
+    from lockstep import extras
+    from lockstep.errors import EXIT_FAIL, EXIT_OK
+    from lockstep.launch import rank_environment
+
+    extras.require("lockstep ds-config", {"deepspeed": "its config classes"})
+
+    # Only DeepSpeed's config classes are needed: skip its accelerator probe and its banner.
+    rank_environment("cpu")
+
+    found = problems(read_json(path), world_size)
+    for line in found:
+        print(f"{path}: {line}")
+    if not found:
+        print(f"{path}: ok for world size {world_size}")
+    return EXIT_FAIL if found else EXIT_OK

@@ -30,7 +30,7 @@ from lockstep.redact import redact_mapping
 from lockstep.train import checkpoint
 from lockstep.train.config import RunConfig
 from lockstep.train.data import build_stream
-from lockstep.train.engines import build_engine, engine_modules
+from lockstep.train.engine_table import build_engine, engine_modules
 from lockstep.train.engines.base import Context, Engine
 from lockstep.train.group import init_launched_group
 from lockstep.train.metrics import MetricsSink, NullSink, StepMetrics, memory, memory_total

@@ -3,7 +3,7 @@ save and load through the framework's own checkpoint mechanism; full (unsharded)
 checks that compare engines; the LR schedule's position and the optimizer that applies the
 update, for checks that look inside a step. Code outside `lockstep.train.engines` uses only
 this interface, so a new engine is one new module here and one row of the engine table
-(`lockstep.train.engines.ENGINES`)."""
+(`lockstep.train.engine_table.ENGINES`)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,46 @@
+"""`lockstep check` below its parser: run what `request` asks (`plans.run`), show each result as
+it comes, then write the step summary and the --json report; the exit code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lockstep.checks import plans
+from lockstep.errors import EXIT_FAIL, EXIT_OK
+
+
+def check(request: plans.Request, json_path: Path | None = None) -> int:
+    outcome = plans.run(request, show)
+    if not outcome.passed:
+        print(f"runs and logs: {outcome.workdir}")
+    from lockstep.checks.divergence import markdown
+    from lockstep.redact import scrub_text
+    from lockstep.summary_md import step_summary
+
+    if section := markdown(outcome.results):
+        step_summary(scrub_text(section))
+    if json_path:
+        from lockstep.redact import redact_mapping
+
+        report = [redact_mapping(r.to_dict()) for r in outcome.results]
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+    return EXIT_OK if outcome.passed else EXIT_FAIL
+
+
+def show(result) -> None:
+    """One result, as it comes: PASS or FAIL, its summary, a likely cause, forensics."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from lockstep.redact import scrub_text
+
+    console = Console(stderr=False, highlight=False)
+    mark = "[green]PASS[/green]" if result.passed else "[red]FAIL[/red]"
+    # the summary may hold paths and values with brackets: never markup
+    summary = escape(scrub_text(result.summary))
+    console.print(f"{mark} {escape(result.name)}: {summary}", markup=True)
+    if result.diagnosis and not result.passed:
+        console.print(f"     likely cause: {scrub_text(result.diagnosis)}", markup=False)
+    for line in (result.forensics or {}).get("lines", ()):
+        console.print(f"     {scrub_text(line)}", markup=False)
