@@ -25,8 +25,8 @@ import torch
 
 from lockstep.checks.harness import numeric_tolerance
 from lockstep.cluster import Cluster
-from lockstep.cluster.bed import NodeProcess
 from lockstep.cluster.launch import start_torchrun
+from lockstep.cluster.processes import NodeProcess
 from lockstep.train.config import load_config
 
 pytestmark = pytest.mark.cluster
@@ -148,12 +148,10 @@ def test_one_rank_is_within_the_world_size_tolerance_of_eight(one_host):
     assert_within_tolerance(one_host[1], one_host[8])
 
 
-def test_train_under_srun_on_four_nodes_equals_eight_ranks_on_one_host(bed, one_host):
+def test_train_under_srun_on_four_nodes_equals_eight_ranks_on_one_host(bed, slurm, one_host):
     """This run had another digest before `lockstep train` gave srun's ranks their share of
     the node's cores: torch's default (every core per rank) changes CPU float sums."""
-    result = bed.slurm.srun(
-        [bed.python, *train_argv(bed, "srun")], ntasks_per_node=2, timeout=TIMEOUT
-    )
+    result = slurm.srun([bed.python, *train_argv(bed, "srun")], ntasks_per_node=2, timeout=TIMEOUT)
     outputs = check_ok({"srun": result}, "srun -N4 --ntasks-per-node=2 lockstep train")
     run = Run(bed, "srun", outputs)
     assert json.loads((run.out / "run_config.json").read_text())["world_size"] == 8
