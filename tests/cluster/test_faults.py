@@ -23,25 +23,6 @@ pytestmark = pytest.mark.cluster
 TIMEOUT = 240  # the launch as a whole; preflight's own --timeout is in each argv
 
 
-def _no_links() -> list[str]:
-    """`--no-links` where preflight has a link stage (issue 23): these tests are about the node
-    boundary, and link timings on a loaded runner are that stage's own tests' business."""
-    import contextlib
-    import io
-
-    from lockstep.cli import build_parser
-
-    with contextlib.redirect_stderr(io.StringIO()):
-        try:
-            build_parser().parse_args(["preflight", "--no-links"])
-        except SystemExit:
-            return []
-    return ["--no-links"]
-
-
-NO_LINKS = _no_links()
-
-
 def preflight(bed: Cluster, name: str, timeout: int = 60) -> list[str]:
     report = bed.shared / f"{name}.json"
     return [
@@ -53,7 +34,9 @@ def preflight(bed: Cluster, name: str, timeout: int = 60) -> list[str]:
         str(timeout),
         "--json",
         str(report),
-        *NO_LINKS,
+        # these tests are about the node boundary; link timings on a loaded runner are the
+        # link stage's own tests' business (test_links.py)
+        "--no-links",
     ]
 
 
