@@ -205,9 +205,7 @@ def host_tmp() -> str:
 def software_dirs() -> list[Path]:
     """Where the interpreter, its venv and lockstep's source live: a checkout or venv under
     /tmp (a fresh clone in CI) must stay visible inside the nodes, at the same path."""
-    import lockstep
-
-    package = Path(lockstep.__file__).resolve().parent
+    package = Path(__file__).resolve().parent.parent  # lockstep/
     source = package.parent.parent if package.parent.name == "src" else package.parent
     dirs = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), source}
     return sorted(d for d in dirs if any(d == m or m in d.parents for m in MASKED))
