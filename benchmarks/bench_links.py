@@ -14,7 +14,7 @@ size: every slow node named within 2 log2(N) + 4 rounds with no false one; the p
 finding one slow link per round budget (more random rounds); the verdict's time at 4,096 nodes
 (`judge`, and `assess`, the report's whole section), in CPU seconds and wall seconds.
 
-On the bed (the bed shapes every node's link, `lockstep.cluster.bed.LINK_RATE`), one rank per
+On the bed (the bed shapes every node's link, `lockstep.cluster.network.LINK_RATE`), one rank per
 node started with the generic launcher variables, as tests/cluster/test_links.py does, the
 stage's default message size:
 - time: preflight with the link stage and without (`--no-links`), alternately, `--repeat`

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.cluster import Cluster, unavailable
+from lockstep.cluster import Cluster, OpenMPI, Slurm, unavailable
+from lockstep.cluster.mpi import TOOLS as MPI_TOOLS
+from lockstep.cluster.slurm import DAEMONS as SLURM_DAEMONS
 
 HERE = Path(__file__).resolve().parent
 _REASON: dict[str, str | None] = {}
@@ -80,16 +82,27 @@ def bed_available():
 
 @pytest.fixture
 def slurm_available():
-    from lockstep.cluster import slurm
-
-    need(*slurm.DAEMONS[:3])
+    need(*SLURM_DAEMONS[:3])
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A 4-node bed with Slurm's daemons, shared by a module's tests."""
-    from lockstep.cluster import slurm
-
-    need(*slurm.DAEMONS[:3], "mpirun", "orted")
-    with Cluster(4, slurm=True, env={"NO_COLOR": "1"}) as bed:
+    """A 4-node bed shared by a module's tests (Slurm on it: `slurm`; Open MPI: `mpi`)."""
+    need()
+    with Cluster(4, env={"NO_COLOR": "1"}) as bed:
         yield bed
+
+
+@pytest.fixture(scope="module")
+def slurm(cluster):
+    """Slurm's daemons on the module's bed, from its first test that asks to its end."""
+    need(*SLURM_DAEMONS[:3])
+    with Slurm(cluster) as daemons:
+        yield daemons
+
+
+@pytest.fixture(scope="module")
+def mpi(cluster):
+    """Open MPI on the module's bed (nothing runs between its jobs)."""
+    need(*MPI_TOOLS)
+    return OpenMPI(cluster)

@@ -12,7 +12,9 @@ import json
 import time
 
 import pytest
-from test_train_multinode import (
+
+from lockstep.cluster.launch import kill_workers, start_torchrun
+from support.multinode_train import (
     KILL_AFTER,
     TIMEOUT,
     Run,
@@ -22,8 +24,6 @@ from test_train_multinode import (
     train_argv,
     wait_for_checkpoint,
 )
-
-from lockstep.cluster.launch import kill_workers, start_torchrun
 
 pytestmark = pytest.mark.cluster
 

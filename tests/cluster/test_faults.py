@@ -15,32 +15,12 @@ import time
 
 import pytest
 
-from lockstep.cluster import Cluster
+from lockstep.cluster import Cluster, OpenMPI, Slurm
 from lockstep.cluster.launch import start_torchrun, torchrun
-from lockstep.cluster.mpi import mpirun
 
 pytestmark = pytest.mark.cluster
 
 TIMEOUT = 240  # the launch as a whole; preflight's own --timeout is in each argv
-
-
-def _no_links() -> list[str]:
-    """`--no-links` where preflight has a link stage (issue 23): these tests are about the node
-    boundary, and link timings on a loaded runner are that stage's own tests' business."""
-    import contextlib
-    import io
-
-    from lockstep.cli import build_parser
-
-    with contextlib.redirect_stderr(io.StringIO()):
-        try:
-            build_parser().parse_args(["preflight", "--no-links"])
-        except SystemExit:
-            return []
-    return ["--no-links"]
-
-
-NO_LINKS = _no_links()
 
 
 def preflight(bed: Cluster, name: str, timeout: int = 60) -> list[str]:
@@ -54,23 +34,28 @@ def preflight(bed: Cluster, name: str, timeout: int = 60) -> list[str]:
         str(timeout),
         "--json",
         str(report),
-        *NO_LINKS,
+        # these tests are about the node boundary; link timings on a loaded runner are the
+        # link stage's own tests' business (test_links.py)
+        "--no-links",
     ]
 
 
-def run(bed: Cluster, launcher: str, name: str, env=None, timeout: int = 60) -> tuple[set, str]:
-    """(exit codes, every output) of preflight under `launcher` on all 4 nodes x 2 ranks."""
+def run(
+    bed: Cluster, launcher: str | Slurm | OpenMPI, name: str, env=None, timeout: int = 60
+) -> tuple[set, str]:
+    """(exit codes, every output) of preflight on all 4 nodes x 2 ranks under `launcher`:
+    "torchrun", or the module's Slurm or Open MPI."""
     argv = preflight(bed, name, timeout)
     if launcher == "torchrun":
         results = torchrun(bed, argv[1:], nproc_per_node=2, env=env, timeout=TIMEOUT)
         return {r.returncode for r in results.values()}, "".join(
             r.stdout + r.stderr for r in results.values()
         )
-    if launcher == "srun":
-        result = bed.slurm.srun(argv, ntasks_per_node=2, env=env, timeout=TIMEOUT)
+    if isinstance(launcher, Slurm):
+        result = launcher.srun(argv, ntasks_per_node=2, env=env, timeout=TIMEOUT)
     else:
         env = {"MASTER_ADDR": bed.hostname(0), "MASTER_PORT": "29500", **(env or {})}
-        result = mpirun(bed, argv, per_node=2, env=env, timeout=TIMEOUT)
+        result = launcher.mpirun(argv, per_node=2, env=env, timeout=TIMEOUT)
     return {result.returncode}, result.stdout + result.stderr
 
 
@@ -92,14 +77,22 @@ def clean(cluster):
     cluster.write_profiles()
 
 
+@pytest.fixture
+def via(request, launcher):
+    """What `run` starts preflight with under the test's `launcher`: "torchrun", or the
+    module's Slurm or Open MPI (conftest's fixtures, Slurm started when first asked)."""
+    fixture = {"srun": "slurm", "mpirun": "mpi"}.get(launcher)
+    return request.getfixturevalue(fixture) if fixture else launcher
+
+
 @pytest.mark.parametrize("launcher", ["torchrun", "srun", "mpirun"])
-def test_environment_and_package_drift_on_one_node_each(clean, launcher):
+def test_environment_and_package_drift_on_one_node_each(clean, launcher, via):
     """NCCL_ALGO set on ls1 only, and ls2's venv with another `packaging`: the same verdict
     from all three launchers, naming each node, its ranks and the field."""
     bed = clean
     bed.set_node_env(1, NCCL_ALGO="Ring")
     bed.overlay_package(2, "packaging", "0.0.1")
-    codes, out = run(bed, launcher, f"drift-{launcher}")
+    codes, out = run(bed, via, f"drift-{launcher}")
     assert codes == {1}, out[-3000:]
     data = report(bed, f"drift-{launcher}")
     lines = " | ".join(data["problems"])
@@ -110,7 +103,7 @@ def test_environment_and_package_drift_on_one_node_each(clean, launcher):
 
 
 @pytest.mark.parametrize("launcher", ["srun", "mpirun"])
-def test_unresolvable_hostname_and_missing_interface_stop_at_the_check_in(clean, launcher):
+def test_unresolvable_hostname_and_missing_interface_stop_at_the_check_in(clean, launcher, via):
     """ls2 cannot resolve its own name (gloo picks its address from it) and ls3 has no eth0
     while GLOO_SOCKET_IFNAME=eth0: both would break the process group on their node, so the
     check-in stops every rank at once, naming both. (Under torchrun the agent on ls2 dies in
@@ -119,7 +112,7 @@ def test_unresolvable_hostname_and_missing_interface_stop_at_the_check_in(clean,
     bed.drop_host(2, "ls2")
     bed.rename_interface(3, "ens5")
     start = time.monotonic()
-    codes, out = run(bed, launcher, f"blocked-{launcher}", env={"GLOO_SOCKET_IFNAME": "eth0"})
+    codes, out = run(bed, via, f"blocked-{launcher}", env={"GLOO_SOCKET_IFNAME": "eth0"})
     assert codes == {1}, out[-3000:]
     data = report(bed, f"blocked-{launcher}")
     assert data["stage"] == "check-in" and data["failed_hosts"] == ["ls2", "ls3"]

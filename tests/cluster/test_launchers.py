@@ -13,7 +13,6 @@ import pytest
 
 from lockstep.cluster import Cluster
 from lockstep.cluster.launch import torchrun
-from lockstep.cluster.mpi import mpirun
 
 pytestmark = pytest.mark.cluster
 
@@ -50,16 +49,16 @@ def test_preflight_under_torchrun_on_four_nodes(cluster):
     check_report(cluster, "torchrun", "torchelastic", [r.stdout for r in results.values()])
 
 
-def test_preflight_under_srun_on_four_nodes(cluster):
-    result = cluster.slurm.srun(preflight(cluster, "srun"), ntasks_per_node=2, timeout=TIMEOUT)
+def test_preflight_under_srun_on_four_nodes(cluster, slurm):
+    result = slurm.srun(preflight(cluster, "srun"), ntasks_per_node=2, timeout=TIMEOUT)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     check_report(cluster, "srun", "slurm", [result.stdout])
 
 
-def test_preflight_under_mpirun_on_four_nodes(cluster):
+def test_preflight_under_mpirun_on_four_nodes(cluster, mpi):
     """The report said "8 ranks on 8 nodes" here while lockstep took Open MPI's
     OMPI_COMM_WORLD_NODE_RANK (the rank on the node) for the node's index."""
     env = {"MASTER_ADDR": cluster.hostname(0), "MASTER_PORT": "29500"}
-    result = mpirun(cluster, preflight(cluster, "mpirun"), per_node=2, env=env, timeout=TIMEOUT)
+    result = mpi.mpirun(preflight(cluster, "mpirun"), per_node=2, env=env, timeout=TIMEOUT)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     check_report(cluster, "mpirun", "openmpi", [result.stdout])

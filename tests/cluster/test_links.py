@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from lockstep.cluster import Cluster, unavailable
-from lockstep.cluster.bed import LINK_BURST
+from lockstep.cluster.network import LINK_BURST
 from lockstep.env.hostlist import expand
 
 pytestmark = pytest.mark.cluster
@@ -60,7 +60,7 @@ def need() -> None:
 def bed4():
     need()
     with Cluster(4, env={"NO_COLOR": "1"}) as bed:
-        assert bed.link_rate, "the bed shapes every link (lockstep.cluster.bed.LINK_RATE)"
+        assert bed.link_rate, "the bed shapes every link (lockstep.cluster.network.LINK_RATE)"
         yield bed
 
 
@@ -160,9 +160,9 @@ def test_slow_node_named_while_the_machine_is_loaded(bed4):
 
 def _rank_pid(proc) -> int | None:
     """The Python under a node process (nsenter, setpriv, taskset exec into it)."""
-    from lockstep.cluster.bed import _descendants
+    from lockstep.cluster.processes import descendants
 
-    for pid in _descendants(proc.pid):
+    for pid in descendants(proc.pid):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:

@@ -23,25 +23,6 @@ pytestmark = pytest.mark.cluster
 PORT = 29400
 
 
-def _no_links() -> list[str]:
-    """`--no-links` where preflight has a link stage (issue 23): these tests are about the node
-    boundary, and link timings on a loaded runner are that stage's own tests' business."""
-    import contextlib
-    import io
-
-    from lockstep.cli import build_parser
-
-    with contextlib.redirect_stderr(io.StringIO()):
-        try:
-            build_parser().parse_args(["preflight", "--no-links"])
-        except SystemExit:
-            return []
-    return ["--no-links"]
-
-
-NO_LINKS = _no_links()
-
-
 def launch(bed: Cluster, nodes, timeout: int, *extra: str) -> dict:
     """Start `lockstep preflight --nnodes 4 ...` on `nodes` (the others never start)."""
     return {
@@ -51,7 +32,9 @@ def launch(bed: Cluster, nodes, timeout: int, *extra: str) -> dict:
                 *(bed.python, "-m", "lockstep", "preflight", "--nnodes", "4"),
                 *("--node-rank", str(k), "--nproc-per-node", "2"),
                 *("--rdzv-endpoint", f"{bed.hostname(0)}:{PORT}", "--timeout", str(timeout)),
-                *NO_LINKS,
+                # these tests are about the node boundary; link timings on a loaded runner
+                # are the link stage's own tests' business (test_links.py)
+                "--no-links",
                 *extra,
             ],
             stderr=subprocess.PIPE,

@@ -24,13 +24,12 @@ import pytest
 
 from lockstep.cluster import HEAD
 from lockstep.cluster.launch import start_torchrun
-from lockstep.cluster.mpi import block_agent, install_agent, mpirun_command
 
 pytestmark = pytest.mark.cluster
 
 
-def test_srun_fails_at_the_launch_then_waits_once_the_node_is_down(cluster):
-    bed, slurm = cluster, cluster.slurm
+def test_srun_fails_at_the_launch_then_waits_once_the_node_is_down(cluster, slurm):
+    bed = cluster
     slurm.stop_slurmd(3)
     try:
         start = time.monotonic()  # slurmctld still counts ls3: it is allocated
@@ -66,17 +65,17 @@ def test_srun_fails_at_the_launch_then_waits_once_the_node_is_down(cluster):
         slurm.start_slurmd(3)  # ReturnToService=2: back to idle once it registers
 
 
-def test_mpirun_dies_in_its_remote_agent(cluster):
+def test_mpirun_dies_in_its_remote_agent(cluster, mpi):
     bed = cluster
-    install_agent(bed)
-    block_agent(bed, 3)
+    mpi.install_agent()
+    mpi.block_agent(3)
     try:
         start = time.monotonic()
-        argv = mpirun_command(bed, ["hostname"], per_node=1)
+        argv = mpi.mpirun_command(["hostname"], per_node=1)
         result = bed.run(HEAD, argv, timeout=60)
         elapsed = time.monotonic() - start
     finally:
-        block_agent(bed, 3, blocked=False)
+        mpi.block_agent(3, blocked=False)
     assert result.returncode == 255, result
     assert "connect to host ls3" in result.stderr  # the agent's own line (ssh's, on a cluster)
     assert "ORTE was unable to reliably start one or more daemons" in result.stderr

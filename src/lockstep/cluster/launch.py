@@ -10,8 +10,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lockstep.cluster.errors import BedError
+from lockstep.cluster.processes import NodeProcess, children, descendants
+
 if TYPE_CHECKING:
-    from lockstep.cluster.bed import Cluster, NodeProcess
+    from lockstep.cluster.bed import Cluster
 
 
 def torchrun_command(
@@ -90,30 +93,24 @@ def torchrun(
 def agent_pid(agent: NodeProcess) -> int | None:
     """Host pid of the torchrun agent that `start_torchrun` started on a node (the child of its
     `nsenter`, which execs setpriv, then torchrun), or None once it has exited."""
-    from lockstep.cluster.bed import _children
-
-    kids = _children(agent.pid)
+    kids = children(agent.pid)
     return kids[0] if kids else None
 
 
 def worker_pids(agent: NodeProcess) -> list[int]:
     """Host pids of the agent's worker processes (its children: one per local rank)."""
-    from lockstep.cluster.bed import _children
-
     pid = agent_pid(agent)
-    return _children(pid) if pid is not None else []
+    return children(pid) if pid is not None else []
 
 
 def kill_workers(agent: NodeProcess, sig: int = signal.SIGKILL) -> list[int]:
     """Kill a node's worker processes and everything they started, not its agent (a rank that
     crashes, or the OOM killer): the agent sees them fail and, with restarts left, restarts
     every node's workers. Returns the workers' pids; BedError when the agent has none."""
-    from lockstep.cluster.bed import BedError, _descendants
-
     workers = worker_pids(agent)
     if not workers:
         raise BedError(f"{agent.node}: the torchrun agent has no worker process to kill")
-    for pid in [p for w in workers for p in _descendants(w)] + workers:
+    for pid in [p for w in workers for p in descendants(w)] + workers:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
     return workers

@@ -17,8 +17,11 @@ import sys
 from pathlib import Path
 
 from lockstep.cluster import mpi, slurm
-from lockstep.cluster.bed import BedError, Cluster
+from lockstep.cluster.bed import Cluster
+from lockstep.cluster.errors import BedError
 from lockstep.cluster.launch import torchrun, torchrun_command
+from lockstep.cluster.mpi import OpenMPI
+from lockstep.cluster.slurm import Slurm
 
 NODES, PER_NODE = 4, 2
 PREFIXES = ("SLURM_", "OMPI_COMM_WORLD_", "OMPI_UNIVERSE_SIZE", "PMIX_RANK", "TORCHELASTIC_")
@@ -48,7 +51,7 @@ with open(os.path.join(sys.argv[1], f"{{socket.gethostname()}}-{{os.getpid()}}.j
 def record(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    with Cluster(NODES, slurm=True) as bed:
+    with Cluster(NODES) as bed, Slurm(bed) as slurm_daemons:
         script = bed.shared / "record_env.py"
         script.write_text(_SCRIPT)
         torch_version = bed.run(
@@ -69,15 +72,16 @@ def record(out: Path) -> list[Path]:
             return path
 
         argv = [bed.python, str(script), str(where("slurm"))]
-        result = bed.slurm.srun(argv, ntasks_per_node=PER_NODE, timeout=60)
-        cmd = bed.slurm.srun_command(argv, ntasks_per_node=PER_NODE)
+        result = slurm_daemons.srun(argv, ntasks_per_node=PER_NODE, timeout=60)
+        cmd = slurm_daemons.srun_command(argv, ntasks_per_node=PER_NODE)
         versions = {"slurm": slurm.version()}
         written.append(_write(out, bed, "slurm", base | versions, cmd, result))
 
         env = {"MASTER_ADDR": bed.hostname(0), "MASTER_PORT": "29500"}
         argv = [bed.python, str(script), str(where("openmpi"))]
-        result = mpi.mpirun(bed, argv, per_node=PER_NODE, env=env, timeout=60)
-        cmd = mpi.mpirun_command(bed, argv, per_node=PER_NODE, export=sorted(env))
+        open_mpi = OpenMPI(bed)
+        result = open_mpi.mpirun(argv, per_node=PER_NODE, env=env, timeout=60)
+        cmd = open_mpi.mpirun_command(argv, per_node=PER_NODE, export=sorted(env))
         versions = {"open_mpi": mpi.version()}
         written.append(_write(out, bed, "openmpi", base | versions, cmd, result))
 

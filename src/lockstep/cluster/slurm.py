@@ -9,24 +9,30 @@ one munged whose socket every node reaches through the shared state folder.
 A node's own variables (`Cluster.set_node_env`) reach the tasks Slurm starts there through a
 TaskProlog, as a node's drifted configuration would.
 
-`bed.slurm.srun(argv, nodes=4, ntasks_per_node=2)` runs srun from the head (a login node)
-and returns its CompletedProcess; every daemon dies with the bed.
+Composed on a bed by its caller, the bed knows nothing of it:
+
+    with Cluster(4) as bed, Slurm(bed) as slurm:
+        slurm.srun(argv, nodes=4, ntasks_per_node=2)   # from the head (a login node)
+
+`srun` returns its CompletedProcess. The daemons are the bed's processes (`bed.popen`): `stop()`
+ends them first, and whatever ends the bed, a crash or SIGKILL included, ends them with it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from lockstep.cluster.bed import HEAD, STATE, BedError, NodeTimeout, _tail
+from lockstep.cluster.errors import BedError, NodeTimeout
+from lockstep.cluster.namespaces import HEAD, STATE
+from lockstep.cluster.processes import NodeProcess, tail
 
 if TYPE_CHECKING:
-    from lockstep.cluster.bed import Cluster, NodeProcess
+    from lockstep.cluster.bed import Cluster
 
 CONF = f"{STATE}/slurm/slurm.conf"
 MUNGE_SOCKET = f"{STATE}/munge/munge.socket.2"
@@ -39,6 +45,9 @@ def version() -> str:
 
 
 class Slurm:
+    """munged and slurmctld on the bed's head, one slurmd per node, for the `with` block (or
+    from `start()` to `stop()`); `env` is what a Slurm command needs (`SLURM_CONF`)."""
+
     def __init__(self, bed: Cluster, *, cpus_per_node: int = 8, ready_timeout: float = 20.0):
         self.bed = bed
         self.cpus = cpus_per_node
@@ -48,7 +57,23 @@ class Slurm:
 
     # ------------------------------------------------------------------ life cycle
 
+    def __enter__(self) -> Slurm:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def start(self) -> None:
+        """Start the daemons and wait until every node is idle; on any failure stop those
+        already started, then raise."""
+        try:
+            self._start_daemons()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_daemons(self) -> None:
         bed = self.bed
         self._write_files()
         self.daemons["munged"] = bed.popen(
@@ -236,9 +261,5 @@ PartitionName=bed Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=
     def _squeue(self) -> str:
         with contextlib.suppress(BedError):
             out = self.bed.run(HEAD, ["squeue", "-h"], env=self.env, timeout=5).stdout
-            return _tail(out)
+            return tail(out)
         return "(no answer)"
-
-
-def srun_line(argv: Sequence[str]) -> str:
-    return shlex.join(argv)
