@@ -10,6 +10,7 @@ import torch
 
 from lockstep.checks import divergence as dv
 from lockstep.checks import harness
+from lockstep.module_digest import StepRecord, digest
 from lockstep.train.config import from_dict
 
 BASE = {
@@ -29,18 +30,18 @@ def config(engine="ddp", **fields):
 
 
 def _rec(step, forward=(), backward=(), update=()):
-    return dv.StepRecord(step, list(forward), list(backward), list(update))
+    return StepRecord(step, list(forward), list(backward), list(update))
 
 
 def test_first_difference_names_step_pass_and_module():
     x, y = torch.ones(4), torch.tensor([1.0, 1.0, 1.0, 1.0 + 1e-6])
     a = [
-        _rec(1, [("l0#0", dv.digest(x))]),
-        _rec(2, [("l0#0", dv.digest(x))], [("w", dv.digest(x))]),
+        _rec(1, [("l0#0", digest(x))]),
+        _rec(2, [("l0#0", digest(x))], [("w", digest(x))]),
     ]
     b = [
-        _rec(1, [("l0#0", dv.digest(x))]),
-        _rec(2, [("l0#0", dv.digest(x))], [("w", dv.digest(y))]),
+        _rec(1, [("l0#0", digest(x))]),
+        _rec(2, [("l0#0", digest(x))], [("w", digest(y))]),
     ]
     found = dv.first_difference(a, b)
     assert (found.step, found.pass_, found.name) == (2, "backward", "w")
@@ -50,10 +51,10 @@ def test_first_difference_names_step_pass_and_module():
 
 
 def test_common_factor_and_verdicts():
-    g = [("a", dv.digest(torch.randn(10))), ("b", dv.digest(torch.randn(3, 3)))]
+    g = [("a", digest(torch.randn(10))), ("b", digest(torch.randn(3, 3)))]
     doubled = [(n, d.scaled(2.0)) for n, d in g]
     assert dv.common_factor(g, doubled) == pytest.approx(2.0)
-    one_off = [g[0], (g[1][0], dv.digest(torch.randn(3, 3)))]
+    one_off = [g[0], (g[1][0], digest(torch.randn(3, 3)))]
     assert dv.common_factor(g, one_off) is None
     v = dv.float64_verdict("grad_norm", (1.0, 1.00003), (1.0, 1.0 + 1e-14))
     assert v.kind == "noise", v.text
@@ -195,7 +196,7 @@ def test_markdown_and_json_keep_the_findings():
     from lockstep.checks.result import CheckResult
 
     part = dv.Parting(
-        3, "forward", "h.1.mlp#0", dv.digest(torch.ones(2)), dv.digest(torch.zeros(2)), 0, 0
+        3, "forward", "h.1.mlp#0", digest(torch.ones(2)), digest(torch.zeros(2)), 0, 0
     )
     forensics = {"parting": part.to_dict(), "verdict": None, "reproduced": True, "lines": []}
     failed = CheckResult("resume", False, "x", forensics=forensics)

@@ -1,5 +1,5 @@
 """A failed check's replay on lockstep's reference job: both runs again, recorded
-(`divergence.Recorder`), compared (`divergence.first_difference`), and for the numeric
+(`lockstep.module_digest.Recorder`), compared (`divergence.first_difference`), and for the numeric
 checks (world-size, equivalence, accumulation) both sides once more in float64
 (`divergence.float64_verdict`). Collective, like the checks; every rank returns rank 0's
 findings. Nothing here runs unless a check has failed.
@@ -17,9 +17,10 @@ import torch.distributed as dist
 
 from lockstep.checks import divergence as dv
 from lockstep.checks.trajectory import Divergence
+from lockstep.module_digest import PASSES, Recorder, StepRecord
 
 # A side of a comparison: record(steps, dtype, out) -> (records, rows)
-Side = Callable[[int, "torch.dtype | None", Path], tuple[list[dv.StepRecord], list[dict]]]
+Side = Callable[[int, "torch.dtype | None", Path], tuple[list[StepRecord], list[dict]]]
 
 
 def trainer_side(cfg, record_from: int = 1) -> Side:
@@ -40,7 +41,7 @@ def trainer_side(cfg, record_from: int = 1) -> Side:
             trainer = Trainer(run, out)
             recorder = None
             try:
-                recorder = dv.Recorder(trainer.engine.module, trainer.engine.update_optimizer())
+                recorder = Recorder(trainer.engine.module, trainer.engine.update_optimizer())
                 rows = []
                 while trainer.step < steps:
                     recorder.on = trainer.step + 1 >= record_from
@@ -66,7 +67,7 @@ def reference_side(cfg, world_size: int) -> Side:
         recorders = []
 
         def watch(model, optimizer):
-            recorders.append(dv.Recorder(model, optimizer))
+            recorders.append(Recorder(model, optimizer))
             return recorders[-1]
 
         ctx = dv.default_dtype(dtype) if dtype is not None else contextlib.nullcontext()
@@ -110,7 +111,7 @@ def investigate(
     rtol: float,
     atol: float,
     first_step: int = 1,
-    passes: tuple[str, ...] = dv.PASSES,
+    passes: tuple[str, ...] = PASSES,
     float64: bool = False,
     rows32: tuple[list[dict], list[dict]] | None = None,
 ) -> Findings:

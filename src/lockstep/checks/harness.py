@@ -22,13 +22,13 @@ import torch
 import torch.distributed as dist
 
 from lockstep.checks.diagnosis import REPLICA_QUANTITIES, replica_departed
-from lockstep.checks.divergence import PASSES
 from lockstep.checks.divergence_replay import investigate, reference_side, trainer_side
 from lockstep.checks.reference import run_reference
 from lockstep.checks.result import CheckResult, tolerance
 from lockstep.checks.state import differences, first_tensor_difference, rows, snapshot
 from lockstep.checks.trajectory import Divergence, first_divergence
 from lockstep.errors import UsageError
+from lockstep.module_digest import PASSES
 from lockstep.train import checkpoint
 from lockstep.train.config import RunConfig, from_dict
 from lockstep.train.engines import ENGINES, engine_options

@@ -196,16 +196,11 @@ def check_determinism(
 def _read_watched(path: Path) -> list:
     import json
 
-    from lockstep.checks import divergence as dv
+    from lockstep.module_digest import StepRecord
 
     if not path.is_file():
         return []
-    records = []
-    for line in path.read_text().splitlines():
-        raw = json.loads(line)
-        passes = {p: [(n, dv.Digest(**d)) for n, d in raw.get(p, [])] for p in dv.PASSES}
-        records.append(dv.StepRecord(int(raw["step"]), **passes))
-    return records
+    return [StepRecord.from_json(json.loads(line)) for line in path.read_text().splitlines()]
 
 
 def _module_replay(runner: ScriptRunner, step: int, nproc: int, rtol: float, atol: float):
