@@ -9,7 +9,10 @@ import pytest
 import torch
 
 from lockstep.checks import divergence as dv
-from lockstep.checks import harness
+from lockstep.checks.determinism import check_determinism
+from lockstep.checks.equivalence import check_equivalence
+from lockstep.checks.resume import check_resume
+from lockstep.checks.world_size import check_world_size
 from lockstep.module_digest import StepRecord, digest
 from lockstep.train.config import from_dict
 
@@ -88,7 +91,7 @@ def test_unseeded_dropout_named_in_forward(tmp_path):
         return model
 
     with mock.patch.object(trainer, "build_model", with_dropout):
-        result = harness.check_determinism(config(), tmp_path)
+        result = check_determinism(config(), tmp_path)
     assert not result.passed
     part = result.forensics["parting"]
     assert (part["step"], part["phase"], part["module"]) == (1, "forward", "transformer.h.1.attn")
@@ -108,7 +111,7 @@ def test_equivalence_names_layernorm_epsilon_and_grad_hook(tmp_path):
         return loss(model, batch)
 
     with mock.patch.object(native, "causal_lm_loss", eps_on_fsdp):
-        result = harness.check_equivalence(config(), tmp_path / "eps", engines=("ddp", "fsdp"))
+        result = check_equivalence(config(), tmp_path / "eps", engines=("ddp", "fsdp"))
     assert not result.passed, result.summary
     part = result.forensics["parting"]
     assert (part["step"], part["phase"], part["module"]) == (1, "forward", "transformer.h.0.ln_2")
@@ -123,7 +126,7 @@ def test_equivalence_names_layernorm_epsilon_and_grad_hook(tmp_path):
         return loss(model, batch)
 
     with mock.patch.object(native, "causal_lm_loss", hook_on_ddp):
-        result = harness.check_equivalence(config(), tmp_path / "hook", engines=("ddp", "fsdp"))
+        result = check_equivalence(config(), tmp_path / "hook", engines=("ddp", "fsdp"))
     assert not result.passed, result.summary
     part = result.forensics["parting"]
     assert (part["step"], part["phase"], part["name"]) == (
@@ -139,7 +142,7 @@ def test_world_size_names_a_loss_normalisation_as_one_factor(tmp_path):
 
     loss = native.causal_lm_loss
     with mock.patch.object(native, "causal_lm_loss", lambda m, b: loss(m, b) * 2):
-        result = harness.check_world_size(config(), tmp_path)
+        result = check_world_size(config(), tmp_path)
     assert not result.passed
     verdict = result.forensics["verdict"]
     assert verdict["kind"] == "factor" and verdict["factor"] == pytest.approx(2.0), verdict
@@ -148,7 +151,7 @@ def test_world_size_names_a_loss_normalisation_as_one_factor(tmp_path):
 
 @pytestmark_dist
 def test_clean_runs_name_nothing(tmp_path):
-    for check in (harness.check_determinism, harness.check_world_size):
+    for check in (check_determinism, check_world_size):
         result = check(config(), tmp_path / check.__name__)
         assert result.passed and result.forensics is None, result.summary
 
@@ -186,7 +189,7 @@ def test_resume_that_loses_a_buffer_named_at_its_module(tmp_path):
         mock.patch.object(trainer, "build_model", with_buffer),
         mock.patch.object(NativeEngine, "load", forgetful),
     ):
-        result = harness.check_resume(cfg, tmp_path)
+        result = check_resume(cfg, tmp_path)
     assert not result.passed
     part = result.forensics["parting"]
     assert (part["step"], part["phase"], part["module"]) == (3, "forward", "transformer.h.1.mlp")

@@ -1,6 +1,6 @@
 """The check registry drives the CLI, and a check's summary is printed as text, never markup."""
 
-from lockstep.checks import cli, harness, registry
+from lockstep.checks import cli, registry, resume
 from lockstep.checks.result import CheckResult
 
 
@@ -10,7 +10,7 @@ def test_every_registered_check_is_runnable_where_the_registry_says():
             assert callable(check.rank.resolve()), f"{name}: no rank-side function"
         for function in (check.rank, check.plan, check.script and check.script.run):
             assert function is None or callable(function.resolve()), f"{name}: {function}"
-    assert registry.CHECKS["resume"].rank.resolve() is harness.check_resume
+    assert registry.CHECKS["resume"].rank.resolve() is resume.check_resume
     assert registry.names(script=True) == ("determinism", "resume", "world-size", "replicas")
     assert registry.shared(registry.names()) == (
         "determinism", "clip", "equivalence", "accumulation", "replicas",

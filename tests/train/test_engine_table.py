@@ -159,13 +159,13 @@ def test_launcher_modules_and_extras(toy):
 
 
 def test_it_trains_matches_ddp_and_ddp_resumes_it(tmp_path, toy):
-    from lockstep.checks import harness
+    from lockstep.checks import clip, equivalence
     from lockstep.train.trainer import run_training
 
     cfg = config("toy")
-    result = harness.check_equivalence(cfg, tmp_path / "eq", engines=("ddp", "toy"))
+    result = equivalence.check_equivalence(cfg, tmp_path / "eq", engines=("ddp", "toy"))
     assert result.passed and result.summary.startswith("ddp, toy agree over 2 steps"), result
-    assert harness.ENGINES["toy"].norm_types == (2.0,)  # check_clip_norm_types: 2 only
+    assert clip.ENGINES["toy"].norm_types == (2.0,)  # check_clip_norm_types: 2 only
 
     ckpt = tmp_path / "ckpt"
     written = run_training(config("toy", checkpoint={"dir": str(ckpt)}), tmp_path / "toy")
