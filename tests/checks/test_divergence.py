@@ -15,13 +15,14 @@ from lockstep.checks.resume import check_resume
 from lockstep.checks.world_size import check_world_size
 from lockstep.module_digest import StepRecord, digest
 from lockstep.train.config import from_dict
+from support.configs import QUIET
 
 BASE = {
     "device": "cpu",
     "steps": 2,
     "optimizer": {"lr": 1e-2, "warmup_steps": 1},
     "batch": {"micro_size": 4, "grad_accum": 1},
-    "logging": {"wandb": "disabled", "progress": False},
+    **QUIET,
 }
 
 

@@ -19,18 +19,15 @@ from lockstep.checks.determinism import check_determinism
 from lockstep.checks.equivalence import check_equivalence
 from lockstep.checks.resume import check_resume
 from lockstep.train.config import load_config
+from support.configs import QUIET_SETS, assert_passed
 
 SMOKE = Path(__file__).resolve().parents[2] / "smoke"
 GPUS = max(2, torch.cuda.device_count())
-SHORT = ["steps=6", 'logging.wandb="disabled"', "logging.progress=false"]
+SHORT = ["steps=6", *QUIET_SETS]
 
 
 def gpu_config(engine: str, *overrides: str):
     return load_config(SMOKE / f"gpu-{engine}.toml", [*SHORT, *overrides])
-
-
-def assert_passed(result):
-    assert result.passed, f"{result.summary} | {result.diagnosis}"
 
 
 @pytest.mark.smoke

@@ -21,6 +21,7 @@ from lockstep.checks.resume import check_resume
 from lockstep.checks.world_size import check_world_size
 from lockstep.train import checkpoint
 from lockstep.train.config import ENGINES, RunConfig, derive, from_dict
+from support.configs import QUIET, assert_passed
 
 pytestmark = pytest.mark.distributed(world_size=2)
 
@@ -30,16 +31,12 @@ BASE = {
     "steps": 4,
     "optimizer": {"lr": 1e-2, "warmup_steps": 1},
     "batch": {"micro_size": 4, "grad_accum": 2},
-    "logging": {"wandb": "disabled", "progress": False},
+    **QUIET,
 }
 
 
 def config(engine: str, **engine_options) -> RunConfig:
     return from_dict({**BASE, "engine": {"name": engine, **engine_options}})
-
-
-def assert_passed(result):
-    assert result.passed, f"{result.summary} | {result.diagnosis}"
 
 
 @pytest.mark.parametrize("engine", ENGINES)

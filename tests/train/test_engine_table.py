@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
-from torch import nn
 
 from lockstep import extras
 from lockstep.errors import UsageError
@@ -20,32 +18,8 @@ from lockstep.train.checkpoint import check_compatible
 from lockstep.train.config import from_dict
 from lockstep.train.engines import ENGINES, EngineSpec, engine_modules, register
 from lockstep.train.engines.ddp import DDPEngine
-
-QUIET = {"logging": {"wandb": "disabled", "progress": False}}
-
-
-class TinyLM(nn.Module):
-    """Embedding + linear head: a model that trains in milliseconds."""
-
-    def __init__(self, vocab: int = 16):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, 8)
-        self.head = nn.Linear(8, vocab)
-
-    def get_input_embeddings(self):
-        return self.embed
-
-    def forward(self, input_ids, labels):
-        logits = self.head(self.embed(input_ids[:, :-1]))
-        return nn.functional.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten())
-
-
-def tiny_model(cfg):
-    return TinyLM()
-
-
-def tiny_data(seq_len, vocab_size):
-    return [torch.arange(seq_len) % vocab_size, (torch.arange(seq_len) * 3) % vocab_size]
+from support.configs import QUIET
+from support.tiny import TINY
 
 
 class ToyEngine(DDPEngine):
@@ -72,12 +46,8 @@ def toy():
 
 
 def config(name: str, **sections):
-    tiny = {
-        "model": {"factory": f"{__name__}:tiny_model"},
-        "data": {"factory": f"{__name__}:tiny_data", "seq_len": 12},
-    }
     return from_dict(
-        {"device": "cpu", "steps": 2, **QUIET, **tiny, "engine": {"name": name}, **sections}
+        {"device": "cpu", "steps": 2, **QUIET, **TINY, "engine": {"name": name}, **sections}
     )
 
 
