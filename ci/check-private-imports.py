@@ -2,7 +2,7 @@
 
 1. Nothing outside a package imports its private names. A module of src/lockstep may import a
    `_name` (a private module, function, class or constant) only from its own top-level unit:
-   `lockstep.checks.cli` may use `lockstep.checks.script._x`, `lockstep.gate.job` may not; a
+   `lockstep.checks.cli` may use `lockstep.checks.script_runs._x`, `lockstep.gate.job` may not; a
    top-level module (`lockstep/redact.py`) is a unit of its own, and `lockstep/__init__.py`
    belongs to none. Relative imports are resolved first; dunder names (`__version__`) are public.
 2. torch's and DeepSpeed's private APIs (`torch._C`, `from torch.distributed import _x`,

@@ -42,16 +42,16 @@ def test_no_command_prints_help_and_exits_2(capsys):
 def test_deepspeed_launcher_local_rank_argument_becomes_local_rank(monkeypatch):
     import os
 
-    from lockstep.cli import _take_local_rank
+    from lockstep.cli import take_local_rank
 
     monkeypatch.setenv("LOCAL_RANK", "")  # so that monkeypatch unsets it again afterwards
     monkeypatch.delenv("LOCAL_RANK")
-    assert _take_local_rank(["--local_rank=3", "preflight", "--nproc", "2"]) == [
+    assert take_local_rank(["--local_rank=3", "preflight", "--nproc", "2"]) == [
         "preflight",
         "--nproc",
         "2",
     ]
     assert os.environ["LOCAL_RANK"] == "3"
     monkeypatch.delenv("LOCAL_RANK")
-    assert _take_local_rank(["fingerprint", "--local-rank", "1"]) == ["fingerprint"]
+    assert take_local_rank(["fingerprint", "--local-rank", "1"]) == ["fingerprint"]
     assert os.environ["LOCAL_RANK"] == "1"

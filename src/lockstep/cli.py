@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _take_local_rank(argv: list[str]) -> list[str]:
+def take_local_rank(argv: list[str]) -> list[str]:
     """Drop the `--local_rank=N` the deepspeed launcher appends, keeping it as LOCAL_RANK."""
     out, i = [], 0
     while i < len(argv):
@@ -62,7 +62,7 @@ def _take_local_rank(argv: list[str]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(_take_local_rank(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(take_local_rank(sys.argv[1:] if argv is None else argv))
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE

@@ -206,26 +206,20 @@ def watch(model) -> None:
     path = os.environ.get(WATCH)
     if not path:
         return
-    from lockstep.checks.divergence import Recorder
+    from lockstep.module_digest import Recorder
 
     rank = os.environ.get("RANK", "0")
     _watched.append((model, Recorder(model), Path(path.replace(RANK_PLACEHOLDER, rank))))
 
 
 def _write_watched(step: int) -> None:
-    from dataclasses import asdict
-
-    from lockstep.checks.divergence import digest
+    from lockstep.module_digest import digest
 
     for model, recorder, path in _watched:
         named = list(model.named_parameters())
         recorder.grads = [(n, digest(p.grad)) for n, p in named if p.grad is not None]
         recorder.end_step(step, 1.0, {n: p for n, p in named})
-        record = recorder.records.pop()
-        line = {"step": record.step} | {
-            pass_: [[n, asdict(d)] for n, d in getattr(record, pass_)]
-            for pass_ in ("forward", "backward", "update")
-        }
+        line = recorder.records.pop().to_json()
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(line) + "\n")
 

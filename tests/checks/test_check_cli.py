@@ -18,11 +18,12 @@ import pytest
 import torch
 
 from lockstep.cli import main
+from support.configs import QUIET_SETS, set_args
 from support.inprocess import run_main
 from support.teardown_abort import rerun_once_on_abort
 
 ROOT = Path(__file__).resolve().parents[2]
-QUIET = ["--set", "steps=4", "--set", 'logging.wandb="disabled"', "--set", "logging.progress=false"]
+QUIET = set_args("steps=4", *QUIET_SETS)
 
 
 def pid_ordered_data(seq_len: int, vocab_size: int) -> list[torch.Tensor]:

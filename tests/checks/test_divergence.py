@@ -9,15 +9,20 @@ import pytest
 import torch
 
 from lockstep.checks import divergence as dv
-from lockstep.checks import harness
+from lockstep.checks.determinism import check_determinism
+from lockstep.checks.equivalence import check_equivalence
+from lockstep.checks.resume import check_resume
+from lockstep.checks.world_size import check_world_size
+from lockstep.module_digest import StepRecord, digest
 from lockstep.train.config import from_dict
+from support.configs import QUIET
 
 BASE = {
     "device": "cpu",
     "steps": 2,
     "optimizer": {"lr": 1e-2, "warmup_steps": 1},
     "batch": {"micro_size": 4, "grad_accum": 1},
-    "logging": {"wandb": "disabled", "progress": False},
+    **QUIET,
 }
 
 
@@ -29,18 +34,18 @@ def config(engine="ddp", **fields):
 
 
 def _rec(step, forward=(), backward=(), update=()):
-    return dv.StepRecord(step, list(forward), list(backward), list(update))
+    return StepRecord(step, list(forward), list(backward), list(update))
 
 
 def test_first_difference_names_step_pass_and_module():
     x, y = torch.ones(4), torch.tensor([1.0, 1.0, 1.0, 1.0 + 1e-6])
     a = [
-        _rec(1, [("l0#0", dv.digest(x))]),
-        _rec(2, [("l0#0", dv.digest(x))], [("w", dv.digest(x))]),
+        _rec(1, [("l0#0", digest(x))]),
+        _rec(2, [("l0#0", digest(x))], [("w", digest(x))]),
     ]
     b = [
-        _rec(1, [("l0#0", dv.digest(x))]),
-        _rec(2, [("l0#0", dv.digest(x))], [("w", dv.digest(y))]),
+        _rec(1, [("l0#0", digest(x))]),
+        _rec(2, [("l0#0", digest(x))], [("w", digest(y))]),
     ]
     found = dv.first_difference(a, b)
     assert (found.step, found.pass_, found.name) == (2, "backward", "w")
@@ -50,10 +55,10 @@ def test_first_difference_names_step_pass_and_module():
 
 
 def test_common_factor_and_verdicts():
-    g = [("a", dv.digest(torch.randn(10))), ("b", dv.digest(torch.randn(3, 3)))]
+    g = [("a", digest(torch.randn(10))), ("b", digest(torch.randn(3, 3)))]
     doubled = [(n, d.scaled(2.0)) for n, d in g]
     assert dv.common_factor(g, doubled) == pytest.approx(2.0)
-    one_off = [g[0], (g[1][0], dv.digest(torch.randn(3, 3)))]
+    one_off = [g[0], (g[1][0], digest(torch.randn(3, 3)))]
     assert dv.common_factor(g, one_off) is None
     v = dv.float64_verdict("grad_norm", (1.0, 1.00003), (1.0, 1.0 + 1e-14))
     assert v.kind == "noise", v.text
@@ -87,7 +92,7 @@ def test_unseeded_dropout_named_in_forward(tmp_path):
         return model
 
     with mock.patch.object(trainer, "build_model", with_dropout):
-        result = harness.check_determinism(config(), tmp_path)
+        result = check_determinism(config(), tmp_path)
     assert not result.passed
     part = result.forensics["parting"]
     assert (part["step"], part["phase"], part["module"]) == (1, "forward", "transformer.h.1.attn")
@@ -107,7 +112,7 @@ def test_equivalence_names_layernorm_epsilon_and_grad_hook(tmp_path):
         return loss(model, batch)
 
     with mock.patch.object(native, "causal_lm_loss", eps_on_fsdp):
-        result = harness.check_equivalence(config(), tmp_path / "eps", engines=("ddp", "fsdp"))
+        result = check_equivalence(config(), tmp_path / "eps", engines=("ddp", "fsdp"))
     assert not result.passed, result.summary
     part = result.forensics["parting"]
     assert (part["step"], part["phase"], part["module"]) == (1, "forward", "transformer.h.0.ln_2")
@@ -122,7 +127,7 @@ def test_equivalence_names_layernorm_epsilon_and_grad_hook(tmp_path):
         return loss(model, batch)
 
     with mock.patch.object(native, "causal_lm_loss", hook_on_ddp):
-        result = harness.check_equivalence(config(), tmp_path / "hook", engines=("ddp", "fsdp"))
+        result = check_equivalence(config(), tmp_path / "hook", engines=("ddp", "fsdp"))
     assert not result.passed, result.summary
     part = result.forensics["parting"]
     assert (part["step"], part["phase"], part["name"]) == (
@@ -138,7 +143,7 @@ def test_world_size_names_a_loss_normalisation_as_one_factor(tmp_path):
 
     loss = native.causal_lm_loss
     with mock.patch.object(native, "causal_lm_loss", lambda m, b: loss(m, b) * 2):
-        result = harness.check_world_size(config(), tmp_path)
+        result = check_world_size(config(), tmp_path)
     assert not result.passed
     verdict = result.forensics["verdict"]
     assert verdict["kind"] == "factor" and verdict["factor"] == pytest.approx(2.0), verdict
@@ -147,7 +152,7 @@ def test_world_size_names_a_loss_normalisation_as_one_factor(tmp_path):
 
 @pytestmark_dist
 def test_clean_runs_name_nothing(tmp_path):
-    for check in (harness.check_determinism, harness.check_world_size):
+    for check in (check_determinism, check_world_size):
         result = check(config(), tmp_path / check.__name__)
         assert result.passed and result.forensics is None, result.summary
 
@@ -185,7 +190,7 @@ def test_resume_that_loses_a_buffer_named_at_its_module(tmp_path):
         mock.patch.object(trainer, "build_model", with_buffer),
         mock.patch.object(NativeEngine, "load", forgetful),
     ):
-        result = harness.check_resume(cfg, tmp_path)
+        result = check_resume(cfg, tmp_path)
     assert not result.passed
     part = result.forensics["parting"]
     assert (part["step"], part["phase"], part["module"]) == (3, "forward", "transformer.h.1.mlp")
@@ -195,7 +200,7 @@ def test_markdown_and_json_keep_the_findings():
     from lockstep.checks.result import CheckResult
 
     part = dv.Parting(
-        3, "forward", "h.1.mlp#0", dv.digest(torch.ones(2)), dv.digest(torch.zeros(2)), 0, 0
+        3, "forward", "h.1.mlp#0", digest(torch.ones(2)), digest(torch.zeros(2)), 0, 0
     )
     forensics = {"parting": part.to_dict(), "verdict": None, "reproduced": True, "lines": []}
     failed = CheckResult("resume", False, "x", forensics=forensics)

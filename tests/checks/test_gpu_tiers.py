@@ -14,20 +14,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from lockstep.checks import harness
+from lockstep.checks.clip import check_clip_norm_types
+from lockstep.checks.determinism import check_determinism
+from lockstep.checks.equivalence import check_equivalence
+from lockstep.checks.resume import check_resume
 from lockstep.train.config import load_config
+from support.configs import QUIET_SETS, assert_passed
 
 SMOKE = Path(__file__).resolve().parents[2] / "smoke"
 GPUS = max(2, torch.cuda.device_count())
-SHORT = ["steps=6", 'logging.wandb="disabled"', "logging.progress=false"]
+SHORT = ["steps=6", *QUIET_SETS]
 
 
 def gpu_config(engine: str, *overrides: str):
     return load_config(SMOKE / f"gpu-{engine}.toml", [*SHORT, *overrides])
-
-
-def assert_passed(result):
-    assert result.passed, f"{result.summary} | {result.diagnosis}"
 
 
 @pytest.mark.smoke
@@ -36,7 +36,7 @@ def assert_passed(result):
 def test_smoke_bf16(engine, tmp_path):
     cfg = gpu_config(engine)
     assert cfg.precision == "bf16"
-    for check in (harness.check_determinism, harness.check_resume, harness.check_clip_norm_types):
+    for check in (check_determinism, check_resume, check_clip_norm_types):
         assert_passed(check(cfg, tmp_path / check.__name__))
 
 
@@ -45,7 +45,7 @@ def test_smoke_bf16(engine, tmp_path):
 @pytest.mark.parametrize("engine", ["fsdp", "zero1", "zero2", "zero3"])
 def test_multi_gpu_resume_and_clip(engine, tmp_path):
     cfg = gpu_config(engine, "batch.micro_size=4")
-    for check in (harness.check_resume, harness.check_clip_norm_types):
+    for check in (check_resume, check_clip_norm_types):
         assert_passed(check(cfg, tmp_path / check.__name__))
 
 
@@ -53,7 +53,7 @@ def test_multi_gpu_resume_and_clip(engine, tmp_path):
 @pytest.mark.distributed(world_size=GPUS, gpus=True, timeout=600)
 def test_multi_gpu_equivalence(tmp_path):
     # fp32 on GPU: the engines are compared, not bf16 rounding
-    assert_passed(harness.check_equivalence(gpu_config("fsdp", 'precision="fp32"'), tmp_path))
+    assert_passed(check_equivalence(gpu_config("fsdp", 'precision="fp32"'), tmp_path))
 
 
 @pytest.mark.multi_gpu

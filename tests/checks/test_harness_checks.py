@@ -12,9 +12,16 @@ from unittest import mock
 import pytest
 import torch
 
-from lockstep.checks import harness
+from lockstep.checks.accumulation import check_accumulation
+from lockstep.checks.clip import check_clip, check_clip_norm_types
+from lockstep.checks.determinism import check_determinism
+from lockstep.checks.equivalence import check_equivalence
+from lockstep.checks.replicas import check_replicas
+from lockstep.checks.resume import check_resume
+from lockstep.checks.world_size import check_world_size
 from lockstep.train import checkpoint
-from lockstep.train.config import ENGINES, from_dict
+from lockstep.train.config import ENGINES, RunConfig, derive, from_dict
+from support.configs import QUIET, assert_passed
 
 pytestmark = pytest.mark.distributed(world_size=2)
 
@@ -24,16 +31,12 @@ BASE = {
     "steps": 4,
     "optimizer": {"lr": 1e-2, "warmup_steps": 1},
     "batch": {"micro_size": 4, "grad_accum": 2},
-    "logging": {"wandb": "disabled", "progress": False},
+    **QUIET,
 }
 
 
-def config(engine: str, **engine_options) -> harness.RunConfig:
+def config(engine: str, **engine_options) -> RunConfig:
     return from_dict({**BASE, "engine": {"name": engine, **engine_options}})
-
-
-def assert_passed(result):
-    assert result.passed, f"{result.summary} | {result.diagnosis}"
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -43,12 +46,12 @@ def test_every_check_on_engine(engine, tmp_path):
     each DeepSpeed test currently costs a fresh pool (see the report on `_forget`)."""
     cfg = config(engine)
     for check in (
-        harness.check_determinism,
-        harness.check_resume,
-        harness.check_accumulation,
-        harness.check_world_size,
-        harness.check_clip_norm_types,
-        harness.check_replicas,
+        check_determinism,
+        check_resume,
+        check_accumulation,
+        check_world_size,
+        check_clip_norm_types,
+        check_replicas,
     ):
         assert_passed(check(cfg, tmp_path / check.__name__))
 
@@ -62,18 +65,18 @@ def test_every_check_on_engine(engine, tmp_path):
     ],
 )
 def test_clip_with_cpu_offload(engine, options, tmp_path):
-    assert_passed(harness.check_clip_norm_types(config(engine, **options), tmp_path))
+    assert_passed(check_clip_norm_types(config(engine, **options), tmp_path))
 
 
 def test_equivalence_of_all_engines(tmp_path):
-    assert_passed(harness.check_equivalence(config("ddp"), tmp_path))
+    assert_passed(check_equivalence(config("ddp"), tmp_path))
 
 
 @pytest.mark.parametrize("world_size", [1, 4])
 def test_world_sizes_one_and_four_against_reference(world_size, tmp_path):
     # the same global batch of 16 as at 2 ranks: micro 4 × accumulation 4 / 1
     cfg = from_dict({**BASE, "batch": {"micro_size": 4, "global_size": 16}})
-    assert_passed(harness.check_world_size(cfg, tmp_path))
+    assert_passed(check_world_size(cfg, tmp_path))
 
 
 # ------------------------------------------------------------------ broken trainers, caught
@@ -98,7 +101,7 @@ def test_determinism_catches_unseeded_init(tmp_path):
         return model
 
     with mock.patch.object(trainer, "build_model", unseeded):
-        result = harness.check_determinism(config("ddp"), tmp_path)
+        result = check_determinism(config("ddp"), tmp_path)
     assert not result.passed and result.divergence.step <= 2, result.summary
 
 
@@ -125,9 +128,9 @@ def test_resume_names_the_state_it_lost(bug, tmp_path):
         "data position": mock.patch.object(ShardedStream, "load_state_dict", lambda s, d: None),
     }
     # dropout on, so that training consumes the RNG and a lost RNG state shows
-    cfg = harness.derive(config("fsdp"), model__overrides={"resid_pdrop": 0.1})
+    cfg = derive(config("fsdp"), model__overrides={"resid_pdrop": 0.1})
     with patches[bug]:
-        result = harness.check_resume(cfg, tmp_path)
+        result = check_resume(cfg, tmp_path)
     assert not result.passed
     assert result.diagnosis.startswith("not restored by the resume: " + bug), result.diagnosis
     assert result.divergence is not None and result.divergence.step == 3
@@ -142,9 +145,9 @@ def test_clip_catches_a_local_shard_norm(norm_type, tmp_path):
         grads = [g.to_local() if hasattr(g, "to_local") else g for g in grads]
         return get_total_norm(grads, norm_type, *args, **kwargs)
 
-    cfg = harness.derive(config("fsdp"), clip__norm_type=norm_type)
+    cfg = derive(config("fsdp"), clip__norm_type=norm_type)
     with mock.patch.object(torch.nn.utils, "get_total_norm", local):
-        result = harness.check_clip(cfg, tmp_path)
+        result = check_clip(cfg, tmp_path)
     # a local norm is smaller: either the optimizer sees more than max_norm, or the
     # reported pre-clip norm differs from the reference's
     assert not result.passed, result.summary
@@ -155,7 +158,7 @@ def test_clip_catches_a_local_shard_norm(norm_type, tmp_path):
 def test_clip_catches_a_coefficient_that_is_not_applied(tmp_path):
     """The norm is right but the gradients are not scaled: the post-clip norm shows it."""
     with mock.patch.object(torch.nn.utils, "clip_grads_with_norm_", lambda *a, **k: None):
-        result = harness.check_clip(config("ddp"), tmp_path)
+        result = check_clip(config("ddp"), tmp_path)
     assert not result.passed and "after clipping the optimizer saw" in result.summary
 
 
@@ -169,7 +172,7 @@ def test_equivalence_catches_an_engine_with_another_loss(tmp_path):
         return loss(model, batch) * (1.001 if hasattr(model, "reshard") else 1.0)
 
     with mock.patch.object(native, "causal_lm_loss", fsdp_only):
-        result = harness.check_equivalence(config("ddp"), tmp_path, engines=("ddp", "fsdp"))
+        result = check_equivalence(config("ddp"), tmp_path, engines=("ddp", "fsdp"))
     assert not result.passed, result.summary
     assert result.summary.startswith("ddp and fsdp diverge at step 1: loss"), result.summary
 
@@ -180,7 +183,7 @@ def test_world_size_catches_a_loss_summed_over_ranks(tmp_path):
     loss = native.causal_lm_loss
     world = torch.distributed.get_world_size()
     with mock.patch.object(native, "causal_lm_loss", lambda m, b: loss(m, b) * world):
-        result = harness.check_world_size(config("ddp"), tmp_path)
+        result = check_world_size(config("ddp"), tmp_path)
     assert not result.passed and result.divergence.metric in ("loss", "grad_norm")
 
 
@@ -194,5 +197,5 @@ def test_accumulation_catches_a_repeated_micro_batch(tmp_path):
         return [batches[0]] * len(batches)
 
     with mock.patch.object(ShardedStream, "micro_batches", repeated):
-        result = harness.check_accumulation(config("ddp"), tmp_path)
+        result = check_accumulation(config("ddp"), tmp_path)
     assert not result.passed and result.divergence.step == 1, result.summary

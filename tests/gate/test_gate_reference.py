@@ -19,10 +19,11 @@ from lockstep.gate import golden
 from lockstep.gate.compare import compare
 from lockstep.gate.run_result import Run
 from lockstep.train import checkpoint
-from lockstep.train.config import ModelConfig, from_dict
+from lockstep.train.config import ModelConfig, derive, from_dict
 from lockstep.train.data import synthetic_sample
 from lockstep.train.model import build_model
 from lockstep.train.trainer import run_training
+from support.configs import QUIET
 
 pytestmark = pytest.mark.distributed(world_size=2)
 
@@ -74,19 +75,12 @@ BASE = {
     "batch": {"micro_size": 1, "grad_accum": 1},
     "data": {"factory": f"{__name__}:waiting_data"},
     "checkpoint": {"at_end": False},
-    "logging": {"wandb": "disabled", "progress": False},
+    **QUIET,
 }
 
 
 def train(tmp_path, name, **changes):
-    data = json.loads(json.dumps(BASE))
-    for key, value in changes.items():
-        node = data
-        *parents, leaf = key.split("__")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    result = run_training(from_dict(data), tmp_path / name)
+    result = run_training(derive(from_dict(BASE), **changes), tmp_path / name)
     return Run([asdict(s) for s in result.steps])
 
 

@@ -6,4 +6,6 @@ sys.path: pytest puts the root conftest's folder there).
 - `teardown_abort`: the rerun for gloo's known abort at interpreter exit;
 - `script_check`: `lockstep check --script` run in-process, with its JSON results;
 - `multinode_train`: `lockstep train` on the cluster bed and its comparisons (tests/cluster).
+- `configs`: a quiet run's config section and `--set` overrides, `assert_passed`;
+- `tiny`: a user's model and data factories that train in milliseconds (`TinyLM`).
 """

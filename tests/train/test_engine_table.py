@@ -12,8 +12,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
-from torch import nn
 
 from lockstep.errors import UsageError
 from lockstep.train import engine_table as table
@@ -21,32 +19,8 @@ from lockstep.train.checkpoint import check_compatible
 from lockstep.train.config import config_needs, from_dict
 from lockstep.train.engine_table import ENGINES, EngineSpec, engine_modules, register
 from lockstep.train.engines.ddp import DDPEngine
-
-QUIET = {"logging": {"wandb": "disabled", "progress": False}}
-
-
-class TinyLM(nn.Module):
-    """Embedding + linear head: a model that trains in milliseconds."""
-
-    def __init__(self, vocab: int = 16):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, 8)
-        self.head = nn.Linear(8, vocab)
-
-    def get_input_embeddings(self):
-        return self.embed
-
-    def forward(self, input_ids, labels):
-        logits = self.head(self.embed(input_ids[:, :-1]))
-        return nn.functional.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten())
-
-
-def tiny_model(cfg):
-    return TinyLM()
-
-
-def tiny_data(seq_len, vocab_size):
-    return [torch.arange(seq_len) % vocab_size, (torch.arange(seq_len) * 3) % vocab_size]
+from support.configs import QUIET
+from support.tiny import TINY
 
 
 class ToyEngine(DDPEngine):
@@ -73,12 +47,8 @@ def toy():
 
 
 def config(name: str, **sections):
-    tiny = {
-        "model": {"factory": f"{__name__}:tiny_model"},
-        "data": {"factory": f"{__name__}:tiny_data", "seq_len": 12},
-    }
     return from_dict(
-        {"device": "cpu", "steps": 2, **QUIET, **tiny, "engine": {"name": name}, **sections}
+        {"device": "cpu", "steps": 2, **QUIET, **TINY, "engine": {"name": name}, **sections}
     )
 
 
@@ -178,13 +148,13 @@ def test_launcher_modules_and_extras(toy):
 
 
 def test_it_trains_matches_ddp_and_ddp_resumes_it(tmp_path, toy):
-    from lockstep.checks import harness
+    from lockstep.checks import clip, equivalence
     from lockstep.train.trainer import run_training
 
     cfg = config("toy")
-    result = harness.check_equivalence(cfg, tmp_path / "eq", engines=("ddp", "toy"))
+    result = equivalence.check_equivalence(cfg, tmp_path / "eq", engines=("ddp", "toy"))
     assert result.passed and result.summary.startswith("ddp, toy agree over 2 steps"), result
-    assert harness.ENGINES["toy"].norm_types == (2.0,)  # check_clip_norm_types: 2 only
+    assert clip.ENGINES["toy"].norm_types == (2.0,)  # check_clip_norm_types: 2 only
 
     ckpt = tmp_path / "ckpt"
     written = run_training(config("toy", checkpoint={"dir": str(ckpt)}), tmp_path / "toy")

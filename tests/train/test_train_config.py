@@ -6,7 +6,7 @@ import pytest
 
 from lockstep.cli import main
 from lockstep.errors import UsageError
-from lockstep.train.config import load_config
+from lockstep.train.config import derive, load_config
 from lockstep.train.engine_table import ENGINES
 
 SMOKE = Path(__file__).resolve().parents[2] / "smoke"
@@ -65,6 +65,21 @@ def test_set_overrides_parse_toml_values():
     )
     assert cfg.steps == 3 and cfg.optimizer.betas == (0.8, 0.9)
     assert cfg.clip.norm_type == float("inf") and cfg.logging.run_name == "abc"
+
+
+def test_derive_sets_values_as_set_does():
+    """`derive` (code) and `--set` (text) are one mechanism: the same keys, the same errors."""
+    cfg = load_config(SMOKE / "cpu-ddp.toml")
+    got = derive(cfg, engine__name="fsdp", **{"logging.run_name": "abc"}, steps=3)
+    assert (got.engine.name, got.logging.run_name, got.steps) == ("fsdp", "abc", 3)
+    assert cfg.engine.name == "ddp"  # a copy
+    assert got == load_config(
+        SMOKE / "cpu-ddp.toml", ['engine.name="fsdp"', 'logging.run_name="abc"', "steps=3"]
+    )
+    with pytest.raises(UsageError, match="'steps' is a value, not a section"):
+        derive(cfg, steps__every=2)
+    with pytest.raises(UsageError, match=r"^check: unknown key 'clip.norm'"):
+        derive(cfg, "check", clip__norm=2)
 
 
 def test_batch_shape_derives_accumulation():

@@ -5,36 +5,13 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
 from lockstep.train.config import from_dict
 from lockstep.train.trainer import parameter_digest, run_training
+from support import configs
+from support.tiny import TINY
 
-QUIET = {"logging": {"wandb": "disabled", "progress": False}, "checkpoint": {"at_end": False}}
-
-
-class TinyLM(nn.Module):
-    """A user model: embedding + linear head, returns the loss as a tensor."""
-
-    def __init__(self, vocab: int = 16):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, 8)
-        self.head = nn.Linear(8, vocab)
-
-    def get_input_embeddings(self):
-        return self.embed
-
-    def forward(self, input_ids, labels):
-        logits = self.head(self.embed(input_ids[:, :-1]))
-        return nn.functional.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten())
-
-
-def tiny_model(cfg):
-    return TinyLM()
-
-
-def repeating_data(seq_len, vocab_size):
-    return [torch.arange(seq_len) % vocab_size, (torch.arange(seq_len) * 3) % vocab_size]
+QUIET = {**configs.QUIET, "checkpoint": {"at_end": False}}
 
 
 def config(**sections):
@@ -59,8 +36,7 @@ def test_forced_clipping_llama_with_activation_checkpointing(tmp_path, norm_type
 
 def test_user_factories(tmp_path):
     cfg = config(
-        model={"factory": f"{__name__}:tiny_model"},
-        data={"factory": f"{__name__}:repeating_data", "seq_len": 12},
+        **TINY,
         optimizer={"lr": 0.05},
         steps=6,
     )

@@ -1,9 +1,8 @@
 """Where in the model two runs part, and whether a numeric difference is noise or a bug.
 
 Only after a check has failed: the normal run installs nothing. The failure path replays the
-runs with a `Recorder` on each (forward hooks on every module for its output, the gradients
-the optimizer is about to step with, the parameters after the update), each tensor reduced to
-a small `Digest` (float64 moments and a hash of its bytes, never the tensor), and
+runs with a `lockstep.module_digest.Recorder` on each (each module's output, the gradients
+the optimizer is about to step with, the parameters after the update, as `Digest`s), and
 `first_difference` (pure) names the first step, pass and module where the two records part:
 forward outputs in execution order, then gradients in backward order (reverse execution),
 then parameters after the update.
@@ -16,60 +15,13 @@ one common factor are named as a normalisation.
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
 import math
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
-from torch import nn
 
-PASSES = ("forward", "backward", "update")
-GOLDEN = 0.7548776662466927  # quasi-random weights for the projection moment
-
-
-@dataclass(frozen=True)
-class Digest:
-    """A tensor in a few numbers: float64 sum, L2 norm, max |x|, a fixed projection, and a
-    hash of its bytes (exact comparison)."""
-
-    numel: int
-    sum: float
-    norm: float
-    absmax: float
-    proj: float
-    sha: str
-
-    def scaled(self, c: float) -> Digest:
-        """The digest of c·x (the hash no longer applies)."""
-        return Digest(self.numel, self.sum * c, self.norm * abs(c), self.absmax * abs(c),
-                      self.proj * c, "")  # fmt: skip
-
-    def short(self) -> str:
-        return f"norm {self.norm:.9g}, sum {self.sum:.9g}, max|x| {self.absmax:.6g}"
-
-
-@functools.lru_cache(maxsize=64)
-def _weights(n: int) -> torch.Tensor:
-    return torch.arange(n, dtype=torch.float64).mul_(GOLDEN).frac_().sub_(0.5)
-
-
-def digest(t: torch.Tensor) -> Digest:
-    if hasattr(t, "full_tensor"):  # a DTensor (FSDP2): the full value (collective)
-        t = t.full_tensor()
-    t = t.detach()
-    raw = (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).cpu().contiguous()
-    x = raw.to(torch.float64).flatten()
-    w = _weights(x.numel())
-    return Digest(
-        x.numel(),
-        float(x.sum()),
-        float(x.norm()),
-        float(x.abs().max()) if x.numel() else 0.0,
-        float(x @ w),
-        hashlib.blake2b(raw.numpy().tobytes(), digest_size=8).hexdigest(),
-    )
+from lockstep.module_digest import PASSES, Digest, StepRecord
 
 
 def close(a: Digest, b: Digest, rtol: float, atol: float) -> bool:
@@ -88,16 +40,6 @@ def close(a: Digest, b: Digest, rtol: float, atol: float) -> bool:
         and abs(a.sum - b.sum) <= bound
         and abs(a.proj - b.proj) <= bound
     )
-
-
-@dataclass
-class StepRecord:
-    """One optimizer step's digests, each pass a list of (name, digest) in its order."""
-
-    step: int
-    forward: list[tuple[str, Digest]] = field(default_factory=list)
-    backward: list[tuple[str, Digest]] = field(default_factory=list)
-    update: list[tuple[str, Digest]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -164,94 +106,6 @@ def first_difference(
                 if name not in xs:
                     return Parting(step, pass_, name, None, d, rtol, atol)
     return None
-
-
-# ------------------------------------------------------------------------------ recording
-
-
-def _first_tensor(out):
-    if isinstance(out, torch.Tensor):
-        return out
-    if isinstance(out, dict):  # transformers' ModelOutput is an OrderedDict
-        out = list(out.values())
-    if isinstance(out, (list, tuple)):
-        for item in out:
-            found = _first_tensor(item)
-            if found is not None:
-                return found
-    return None
-
-
-class Recorder:
-    """Digests of one model's passes, step by step. `module` is the user's (unwrapped) model
-    as the engine runs it; `optimizer` the one that steps its parameters by those names (None
-    for an engine whose optimizer holds flat partitions: forward and update only).
-
-    Gradients are taken as the optimizer sees them (reduced, clipped); `end_step(clip_coef)`
-    divides the clip coefficient back out, so one parameter's bad gradient is not hidden by
-    the global rescale it causes. Parameters after the update come from `params_after`."""
-
-    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer | None = None):
-        self.module = module
-        self.records: list[StepRecord] = []
-        self.current = StepRecord(0)
-        self.calls: dict[str, int] = {}
-        self.order: list[str] = []  # modules in first-execution order (for backward order)
-        self.handles = []
-        self.on = True
-        self.names = {id(p): n for n, p in module.named_parameters()}
-        owner = {}
-        for mname, m in module.named_modules():
-            for pname, _ in m.named_parameters(recurse=False):
-                owner[f"{mname}.{pname}" if mname else pname] = mname
-        self.owner = owner
-        for name, m in module.named_modules():
-            self.handles.append(m.register_forward_hook(self._forward(name)))
-        if optimizer is not None:
-            self.handles.append(optimizer.register_step_pre_hook(self._grads))
-        self.grads: list[tuple[str, Digest]] = []
-
-    def _forward(self, name: str):
-        def hook(module, args, out):
-            if not self.on:
-                return
-            t = _first_tensor(out)
-            if t is None or not t.is_floating_point():
-                return
-            k = self.calls.get(name, 0)
-            self.calls[name] = k + 1
-            if k == 0 and name not in self.order:
-                self.order.append(name)
-            self.current.forward.append((f"{name or '(model)'}#{k}", digest(t)))
-
-        return hook
-
-    def _grads(self, optimizer, args, kwargs) -> None:
-        if not self.on:
-            return
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                name = self.names.get(id(p))
-                if name is not None and p.grad is not None:
-                    self.grads.append((name, digest(p.grad)))
-
-    def end_step(self, step: int, clip_coef: float = 1.0,
-                 params_after: dict[str, torch.Tensor] | None = None) -> None:  # fmt: skip
-        if self.on:
-            rank = {m: i for i, m in enumerate(self.order)}
-            grads = sorted(self.grads, key=lambda g: -rank.get(self.owner.get(g[0], ""), -1))
-            c = 1.0 / clip_coef if clip_coef and clip_coef != 1.0 else 1.0
-            self.current.backward = [(n, d.scaled(c) if c != 1.0 else d) for n, d in grads]
-            if params_after is not None:
-                self.current.update = [(n, digest(t)) for n, t in sorted(params_after.items())]
-            self.current.step = step
-            self.records.append(self.current)
-        self.current, self.calls, self.grads = StepRecord(0), {}, []
-
-    def close(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
 
 
 # ------------------------------------------------------------------------------ float64

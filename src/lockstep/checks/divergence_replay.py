@@ -1,8 +1,9 @@
 """A failed check's replay on lockstep's reference job: both runs again, recorded
-(`divergence.Recorder`), compared (`divergence.first_difference`), and for the numeric
+(`lockstep.module_digest.Recorder`), compared (`divergence.first_difference`), and for the numeric
 checks (world-size, equivalence, accumulation) both sides once more in float64
-(`divergence.float64_verdict`). Collective, like the checks; every rank returns rank 0's
-findings. Nothing here runs unless a check has failed.
+(`divergence.float64_verdict`); `investigated` adds the findings to a failed check's result.
+Collective, like the checks; every rank returns rank 0's findings. Nothing here runs unless
+a check has failed.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import torch
 import torch.distributed as dist
 
 from lockstep.checks import divergence as dv
+from lockstep.checks.harness import check_config
+from lockstep.checks.result import CheckResult
 from lockstep.checks.trajectory import Divergence
+from lockstep.module_digest import PASSES, Recorder, StepRecord
 
 # A side of a comparison: record(steps, dtype, out) -> (records, rows)
-Side = Callable[[int, "torch.dtype | None", Path], tuple[list[dv.StepRecord], list[dict]]]
+Side = Callable[[int, "torch.dtype | None", Path], tuple[list[StepRecord], list[dict]]]
 
 
 def trainer_side(cfg, record_from: int = 1) -> Side:
@@ -27,20 +31,19 @@ def trainer_side(cfg, record_from: int = 1) -> Side:
     step `record_from` on."""
 
     def record(steps, dtype, out):
-        from lockstep.checks.harness import derive
-        from lockstep.train.engines import ENGINES
+        from lockstep.train.engine_table import ENGINES
         from lockstep.train.trainer import Trainer
 
         if dtype is not None and ENGINES[cfg.engine.name].zero_stage is not None:
             # every rank raises alike, before any collective: the verdict says unavailable
             raise NotImplementedError(f"{cfg.engine.name} keeps fp32 master weights")
-        run = derive(cfg, checkpoint__at_end=False, checkpoint__every=0)
+        run = check_config(cfg, checkpoint__at_end=False, checkpoint__every=0)
         ctx = dv.default_dtype(dtype) if dtype is not None else contextlib.nullcontext()
         with ctx:
             trainer = Trainer(run, out)
             recorder = None
             try:
-                recorder = dv.Recorder(trainer.engine.module, trainer.engine.update_optimizer())
+                recorder = Recorder(trainer.engine.module, trainer.engine.update_optimizer())
                 rows = []
                 while trainer.step < steps:
                     recorder.on = trainer.step + 1 >= record_from
@@ -66,7 +69,7 @@ def reference_side(cfg, world_size: int) -> Side:
         recorders = []
 
         def watch(model, optimizer):
-            recorders.append(dv.Recorder(model, optimizer))
+            recorders.append(Recorder(model, optimizer))
             return recorders[-1]
 
         ctx = dv.default_dtype(dtype) if dtype is not None else contextlib.nullcontext()
@@ -110,7 +113,7 @@ def investigate(
     rtol: float,
     atol: float,
     first_step: int = 1,
-    passes: tuple[str, ...] = dv.PASSES,
+    passes: tuple[str, ...] = PASSES,
     float64: bool = False,
     rows32: tuple[list[dict], list[dict]] | None = None,
 ) -> Findings:
@@ -155,3 +158,15 @@ def investigate(
             verdict = dv.judge(div.metric, was, now, grads)
         lines.append(f"float64 replay of step {step}: {verdict.text}")
     return _rank0(Findings(parting, verdict, reproduced, lines))
+
+
+def investigated(result: CheckResult, sides: dict[str, Side], workdir: Path, last_step: int,
+                 rtol: float, atol: float, **options) -> CheckResult:  # fmt: skip
+    """A failed result with its replay's findings (`investigate`): the first step, pass and
+    module where the runs part, and for numeric checks noise or bug."""
+    found = investigate(sides, workdir, result.divergence, last_step, rtol, atol, **options)
+    result.forensics = found.to_dict()
+    result.notes.extend(found.lines)
+    if found.verdict is not None and found.verdict.kind in ("factor", "dependence", "noise"):
+        result.diagnosis = f"{found.verdict.text}; {result.diagnosis}"
+    return result

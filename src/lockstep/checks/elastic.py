@@ -1,7 +1,7 @@
 """The elastic check: a launch with one restart allowed, in which rank 1 kills itself with
 SIGKILL mid-run; torchelastic's agent restarts every rank, the job resumes from its latest
 checkpoint, and the result must equal an uninterrupted run. Everything of it is here: the rank
-side (`rank_elastic`), the launch (`run`) and the verdict (`judge_elastic`).
+side (`rank_elastic`), the launch (`run`, called by `plan`) and the verdict (`judge_elastic`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,13 @@ def run(cfg, workdir: Path, nproc: int):
     return judge_elastic(outcome, kill_at)
 
 
+def plan(launches, check) -> list[CheckResult]:
+    """`lockstep check elastic`: the check's own launch (`plans.Launches`), shown."""
+    result = run(launches.cfg, launches.workdir / "elastic", launches.nproc)
+    launches.show(result)
+    return [result]
+
+
 def rank_elastic(config: dict, workdir: str, kill_at: int) -> dict | LockstepError:
     """One rank of the elastic check, under a launch with one restart allowed.
 
@@ -36,7 +43,7 @@ def rank_elastic(config: dict, workdir: str, kill_at: int) -> dict | LockstepErr
     """
     import torch
 
-    from lockstep.checks import harness
+    from lockstep.checks.harness import check_config, without_checkpoints
     from lockstep.checks.state import rows
     from lockstep.train import checkpoint
     from lockstep.train.config import from_dict
@@ -48,15 +55,13 @@ def rank_elastic(config: dict, workdir: str, kill_at: int) -> dict | LockstepErr
 
     def body():
         if attempt == 0:
-            plain = harness.derive(cfg, checkpoint__at_end=False, checkpoint__every=0,
-                                   checkpoint__resume="never")  # fmt: skip
-            reference = run_training(plain, out / "uninterrupted")
+            reference = run_training(without_checkpoints(cfg), out / "uninterrupted")
             if int(os.environ["RANK"]) == 0:
                 torch.save(
                     {"steps": rows(reference.steps), "digest": reference.param_digest},
                     out / ELASTIC_STATE,
                 )
-        job = harness.derive(
+        job = check_config(
             cfg,
             checkpoint__every=1,
             checkpoint__resume="auto",

@@ -16,10 +16,12 @@ from lockstep.launch import run_local
 
 
 def run_ranks(fn, args: tuple, nproc: int, cfg, max_restarts: int = 0,
-              timeout: float | None = None, forensics: Path | None = None) -> Any:  # fmt: skip
+              timeout: float | None = None, forensics: Path | None = None,
+              preload: list[str] = ()) -> Any:  # fmt: skip
     """Run `fn(*args)` on `nproc` local ranks of the run `cfg`; rank 0's return value, or a
     LockstepError. `timeout` (seconds) and `forensics` (the ranks' flight-recorder dumps'
-    folder): `lockstep.launch.run_local`'s."""
+    folder): `lockstep.launch.run_local`'s; `preload`: more modules the ranks import first
+    (the checks they run)."""
     from lockstep.train.trainer import rank_modules
 
     device = cfg.resolved_device()
@@ -28,7 +30,7 @@ def run_ranks(fn, args: tuple, nproc: int, cfg, max_restarts: int = 0,
     if device != "cpu" and cfg.deterministic:
         os.environ.setdefault("NCCL_ALGO", "Ring")
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    preload = [fn.__module__, "lockstep.checks.harness", *rank_modules(cfg)]
+    preload = [fn.__module__, "lockstep.checks.harness", *preload, *rank_modules(cfg)]
     return run_local(fn, args, nproc, "check", device, preload, timeout=timeout,
                      forensics=forensics, max_restarts=max_restarts)  # fmt: skip
 

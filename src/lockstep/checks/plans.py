@@ -1,6 +1,6 @@
 """How `lockstep check` runs what it is asked (`Request`): on a CONFIG, the launches of
-lockstep's reference job (the checks without a plan share one launch in `all`; `resume`,
-`world_sizes` and `elastic` below make their own); on a script, its runs. Each result is
+lockstep's reference job (`Launches`; the checks without a plan share one launch in `all`,
+a check with a `plan` in the registry makes its own); on a script, its runs. Each result is
 shown as it comes (`show`); `checks.command` calls `run` and prints.
 """
 
@@ -92,7 +92,7 @@ class Launches:
     keep the global batch of --nproc ranks (`fixed`)."""
 
     def __init__(self, cfg, request: Request, sizes: list[int], workdir: Path, show: Show):
-        from lockstep.checks import harness
+        from lockstep.checks.harness import check_config
 
         self.cfg, self.nproc, self.sizes = cfg, request.nproc, sizes
         self.resume_nproc = request.resume_nproc
@@ -100,7 +100,7 @@ class Launches:
         self.timeout = request.timeout
         self.config = cfg.model_dump(mode="json")
         _, _, global_size = cfg.batch_shape(self.nproc)
-        self.fixed = harness.derive(cfg, batch__global_size=global_size, batch__grad_accum=0)
+        self.fixed = check_config(cfg, batch__global_size=global_size, batch__grad_accum=0)
         self.fixed_config = self.fixed.model_dump(mode="json")
 
     def ranks(self, calls: list[registry.Function], n: int | None = None, config=None,
@@ -110,7 +110,8 @@ class Launches:
         config = self.config if config is None else config
         args = (calls, config, str(self.workdir), options)
         found = run_ranks(rank_calls, args, n or self.nproc, self.cfg, timeout=self.timeout,
-                          forensics=self.workdir / "flight-recorder")  # fmt: skip
+                          forensics=self.workdir / "flight-recorder",
+                          preload=[call.path for call in calls])  # fmt: skip
         for result in found:
             self.show(result)
         return found
@@ -147,43 +148,11 @@ def on_config(request: Request, sizes: list[int], workdir: Path, show: Show) -> 
     return results
 
 
-def resume(launches: Launches, check: registry.Check) -> list[CheckResult]:
-    """A straight run that checkpoints at half, then new processes (maybe another world size,
-    --resume-nproc) that resume from it."""
-    half = max(1, launches.cfg.steps // 2)
-    other = launches.resume_nproc or launches.nproc
-    launches.fixed.check(other)
-    config = launches.fixed_config
-    launches.ranks([registry.harness("resume_reference")], config=config, half=half)
-    return launches.ranks([registry.harness("resume_compare")], other, config, half=half)
-
-
-def world_sizes(launches: Launches, check: registry.Check) -> list[CheckResult]:
-    """One launch per world size, on the same global batch; one result for all."""
-    from lockstep.checks import harness
-
-    for n in launches.sizes:
-        launches.fixed.check(n)
-    found = [
-        r for n in launches.sizes for r in launches.ranks([check.rank], n, launches.fixed_config)
-    ]
-    return [harness.combine(check.name, found)]
-
-
-def elastic(launches: Launches, check: registry.Check) -> list[CheckResult]:
-    """A launch with one restart in which rank 1 kills itself (`elastic.py`)."""
-    from lockstep.checks import elastic as elastic_check
-
-    result = elastic_check.run(launches.cfg, launches.workdir / "elastic", launches.nproc)
-    launches.show(result)
-    return [result]
-
-
 # ------------------------------------------------------------------------------- a script
 
 
 def on_script(request: Request, sizes: list[int], workdir: Path, show: Show) -> list:
-    from lockstep.checks.script import Runs, ScriptRunner
+    from lockstep.checks.script_runs import Runs, ScriptRunner
 
     supported = registry.names(script=True)
     if request.name not in (*supported, "all"):

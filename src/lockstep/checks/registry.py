@@ -1,12 +1,14 @@
 """Every invariant check by name, with what it catches and what runs it: a new check is one
-row of `CHECKS` and its functions.
+file of `lockstep.checks` (named for the check: `determinism.py`, `world_size.py`, ...) with
+its functions, and one row of `CHECKS`.
 
-- `rank`: the function every rank runs on lockstep's reference job (`harness.py`), for
-  `lockstep check NAME CONFIG`; `all` runs the checks without a `plan` in one shared launch;
+- `rank`: the function every rank runs on lockstep's reference job (built from `harness.py`),
+  for `lockstep check NAME CONFIG`; `all` runs the checks without a `plan` in one shared
+  launch;
 - `plan`: for a check that needs launches of its own (new processes, other world sizes, a
-  killed rank), the function in `plans.py` that makes them;
-- `script`: the function that checks a user's script (`script.py`, `--script CMD`) and its
-  default tolerances.
+  killed rank), the function that makes them (`plan(launches, check)`, `plans.Launches`);
+- `script`: the function that checks a user's script (`check_script(runner, runs, ...)`,
+  `--script CMD`, `script_runs.py`) and its default tolerances.
 
 Functions are named here (`Function`) and imported when called: the CLI builds its parser
 from this table, and `lockstep --help` does not import torch.
@@ -28,19 +30,25 @@ class Function:
     module: str
     name: str
 
+    @property
+    def path(self) -> str:
+        """The module's full name."""
+        return f"lockstep.checks.{self.module}"
+
     def resolve(self):
-        return getattr(importlib.import_module(f"lockstep.checks.{self.module}"), self.name)
+        return getattr(importlib.import_module(self.path), self.name)
 
     def __call__(self, *args, **kwargs):
         return self.resolve()(*args, **kwargs)
 
 
-def harness(name: str) -> Function:
-    return Function("harness", name)
+def rank(module: str) -> Function:
+    """The rank-side function of the check in `module`: `check_<module>`."""
+    return Function(module, f"check_{module}")
 
 
-def plan(name: str) -> Function:
-    return Function("plans", name)
+def plan(module: str) -> Function:
+    return Function(module, "plan")
 
 
 @dataclass(frozen=True)
@@ -78,30 +86,30 @@ class Check:
             raise UsageError(f"the {self.name} check {why}: run it with --nproc {least} or more")
 
 
-def on_script(name: str, **options) -> OnScript:
-    return OnScript(Function("script", name), **options)
+def on_script(module: str, **options) -> OnScript:
+    return OnScript(Function(module, "check_script"), **options)
 
 
 CHECKS: dict[str, Check] = {
     c.name: c
     for c in (
         Check("determinism", "unseeded data order, sampling or init; nondeterministic kernels",
-              rank=harness("check_determinism"), script=on_script("check_determinism")),
+              rank=rank("determinism"), script=on_script("determinism")),
         Check("resume", "a resume that forgets the LR schedule, RNG state, data position or "
-              "optimizer", rank=harness("check_resume"), plan=plan("resume"),
-              script=on_script("check_resume")),
+              "optimizer", rank=rank("resume"), plan=plan("resume"),
+              script=on_script("resume")),
         Check("clip", "gradient clipping on a local shard (every norm type)",
-              rank=harness("check_clip_norm_types")),
+              rank=Function("clip", "check_clip_norm_types")),
         Check("equivalence", "a sharded engine computing other numbers than DDP",
-              rank=harness("check_equivalence")),
+              rank=rank("equivalence")),
         Check("world-size", "a loss or norm that depends on the world size",
-              rank=harness("check_world_size"), plan=plan("world_sizes"),
-              script=on_script("check_world_size", tolerance=(1e-4, 1e-6))),
+              rank=rank("world_size"), plan=plan("world_size"),
+              script=on_script("world_size", tolerance=(1e-4, 1e-6))),
         Check("accumulation", "gradient accumulation that differs from the large batch",
-              rank=harness("check_accumulation")),
+              rank=rank("accumulation")),
         Check("replicas", "replicas that depart: a buffer never broadcast, a rank-dependent "
-              "seed, a gradient left out of averaging", rank=harness("check_replicas"),
-              script=on_script("check_replicas", tolerance=None, min_nproc=2)),
+              "seed, a gradient left out of averaging", rank=rank("replicas"),
+              script=on_script("replicas", tolerance=None, min_nproc=2)),
         Check("elastic", "a restart after a killed rank that does not resume exactly",
               plan=plan("elastic"), min_nproc=(2, "kills rank 1")),
     )

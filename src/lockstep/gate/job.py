@@ -1,10 +1,11 @@
 """The job a gate runs, defined and run: the reference training (`lockstep train` CONFIG, read
 through `lockstep.reference_job`) or a user's script.
 
-Both are started the way their users start them, by `lockstep.launch.script` (`-m lockstep
-train` for the reference job; the script with the black-box protocol's LOCKSTEP_* variables),
-one launch per run in its own folder; the gate adds its process monitor
-(`monitor.TreeMonitor`). A run can take its code from another tree (the base of an A/B
+Both are started the way their users start them, one launch per run in its own folder: the
+script by `lockstep.launch.protocol_run` (the one run of a script under the black-box
+protocol's LOCKSTEP_* variables, as `lockstep check --script` runs it), the reference job by
+`lockstep.launch.script` (`-m lockstep train`); the gate adds its process monitor
+(`monitor.TreeMonitor`) and reads the metrics back (`run_result.read_rows`). A run can take its code from another tree (the base of an A/B
 comparison): the script runs in that tree, the reference job imports lockstep from that
 tree's `src/`.
 """
@@ -21,7 +22,8 @@ from lockstep.errors import EXIT_FAIL, LockstepError, RankTimeout, UsageError
 from lockstep.gate.monitor import TreeMonitor
 from lockstep.gate.run_result import Run, read_rows
 from lockstep.launch import rank_environment
-from lockstep.launch.script import Exit, Script, dumps_folder, launch
+from lockstep.launch.protocol_run import LOG, METRICS, ProtocolRun, run_under_protocol
+from lockstep.launch.script import Script, dumps_folder, launch
 from lockstep.redact import scrub_text
 from lockstep.reference_job import ReferenceJob
 from lockstep.reference_job import load as load_reference
@@ -130,16 +132,12 @@ class Job:
         """One launch in `workdir` (fresh). For another version of the code, `tree` is its
         repository root (its `src/` goes first on PYTHONPATH) and `cwd` the folder that
         relative paths in the command or config refer to there."""
-        workdir.mkdir(parents=True, exist_ok=True)
-        metrics = workdir / "metrics.jsonl"
-        metrics.unlink(missing_ok=True)
         env = dict(os.environ)
         rank_environment(None, self.nproc, env)  # a share of the cores per rank
         env.setdefault("PYTHONFAULTHANDLER", "1")
         if tree is not None:
             paths = [str(p) for p in (tree / "src", cwd) if p is not None and p.is_dir()]
             env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
-        log = workdir / "run.log"
         monitor: TreeMonitor | None = None
 
         def watch(pid: int) -> TreeMonitor:
@@ -148,45 +146,58 @@ class Job:
             return monitor
 
         if self._script is not None:
-            protocol = Protocol(metrics, self.steps, workdir / "checkpoints", resume=False)
-            done = self._script.launch(self.nproc, protocol, log, env=env, cwd=cwd, watch=watch)
+            run = run_under_protocol(self._script, self.nproc, workdir, max_steps=self.steps,
+                                     env=env, cwd=cwd, watch=watch)  # fmt: skip
         else:
-            extra = (f"steps={self.steps}", "checkpoint.resume=never")
-            argv = self._reference.argv(workdir, cwd, extra)
-            done = launch(argv, self.nproc, log, env=env,
-                          timeout=self.timeout, run_path=self.run_path, cwd=cwd,
-                          watch=watch, forensics=dumps_folder(log))  # fmt: skip
-        code = done.code
-        if code is None:
+            run = self._run_reference(workdir, env, cwd, watch)
+        if run.timed_out:
             ranks = ", ".join(sorted(monitor.rss)) or "no rank had started"
             raise RankTimeout(
                 f"the job did not finish within {self.timeout:.0f} s and was killed (ranks "
-                f"seen: {ranks}); raise --timeout or see {log}{done.hang_report()}"
+                f"seen: {ranks}); raise --timeout or see {run.log}{run.exit.hang_report()}"
             )
-        if code != 0 and not metrics.is_file():
-            raise JobFailed(f"the job exited {code}: {self._cause(done, [])} (log: {log})")
+        rows, notes = self._read(run, progress)
+        return Run(
+            rows,
+            wall_s=monitor.wall_s,
+            peak_rss_bytes=dict(monitor.rss),
+            gpu_mem_bytes=dict(monitor.gpu),
+            log=str(run.log),
+            notes=notes,
+        )
+
+    def _run_reference(self, workdir: Path, env: dict, cwd: Path | None, watch) -> ProtocolRun:
+        """The reference job launched as `lockstep train` (`-m lockstep train`): it writes the
+        files of the protocol's run itself, its metrics in `workdir` (`--out`)."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        metrics = workdir / METRICS
+        metrics.unlink(missing_ok=True)
+        log = workdir / LOG
+        extra = (f"steps={self.steps}", "checkpoint.resume=never")
+        argv = self._reference.argv(workdir, cwd, extra)
+        done = launch(argv, self.nproc, log, env=env,
+                      timeout=self.timeout, run_path=self.run_path, cwd=cwd,
+                      watch=watch, forensics=dumps_folder(log))  # fmt: skip
+        return ProtocolRun(Protocol(metrics, self.steps, None, resume=False), done)
+
+    def _read(self, run: ProtocolRun, progress) -> tuple[list[dict], list[str]]:
+        """The run's rows and notes: a crash is a failed job (but the gloo abort at exit after
+        every step: a note), no metrics at all bad input."""
+        metrics = run.metrics_of(0)
+        notes: list[str] = []
+        if run.code != 0 and not metrics.is_file():
+            raise JobFailed(f"the job exited {run.code}: {run.crash([], first=1).cause} "
+                            f"(log: {run.log})")  # fmt: skip
         if not metrics.is_file():
             raise UsageError(
                 f"the job wrote no metrics to {metrics}; a script must log each step with "
                 "lockstep.track.log (LOCKSTEP_METRICS)"
             )
         rows = read_rows(metrics)
-        notes = []
-        if code != 0:
-            steps = [row["step"] for row in rows]
-            notes.append(done.tolerated(steps, self.steps, first=1))
-            if notes[-1] is None:
-                raise JobFailed(f"the job exited {code}: {self._cause(done, steps)} (log: {log})")
-            progress(f"lockstep gate: note: {notes[-1]}")
-        return Run(
-            rows,
-            wall_s=monitor.wall_s,
-            peak_rss_bytes=dict(monitor.rss),
-            gpu_mem_bytes=dict(monitor.gpu),
-            log=str(log),
-            notes=notes,
-        )
-
-    def _cause(self, done: Exit, steps: list[int]) -> str:
-        """A failed run's cause (`launch.script.Exit.cause`)."""
-        return done.cause(steps, self.steps, first=1)
+        crash = run.crash([row["step"] for row in rows], first=1)
+        if crash is not None and crash.cause is not None:
+            raise JobFailed(f"the job exited {run.code}: {crash.cause} (log: {run.log})")
+        if crash is not None:
+            notes.append(crash.note)
+            progress(f"lockstep gate: note: {crash.note}")
+        return rows, notes

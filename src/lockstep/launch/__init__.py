@@ -18,7 +18,10 @@ The modules, one concern each:
   server's last preload, freezes its heap;
 - `cleanup`: nothing outlives a launch (signal handlers, torchelastic's folder, ranks and
   process groups that die with this process);
-- `forensics`: reading a launch's log (`aborted_at_exit`, `last_error_line`).
+- `forensics`: reading a launch's log (`aborted_at_exit`, `last_error_line`);
+- `script`: a user's script command under the protocol, its launchers (`LAUNCHERS`) and a
+  launch's exit triaged; `protocol_run`: one run of it in a folder of its own, read back (the
+  one way `check --script` and `gate` run a script).
 
 What code outside this package uses is exported here.
 """

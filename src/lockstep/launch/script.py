@@ -1,6 +1,7 @@
 """A user's training script launched under lockstep's protocol (`lockstep.track`): the one
-launcher of `lockstep check --script` (`checks/script.py` adds the checks) and of `lockstep
-gate` (`gate/job.py` adds its process monitor).
+launcher of `lockstep check --script` and of `lockstep gate`, both through one run in a
+folder of its own (`protocol_run.run_under_protocol`; the checks add their comparisons, the
+gate its process monitor).
 
 - `Script`: the command, its placeholders (`{metrics}`, `{max_steps}`, `{checkpoint_dir}`,
   `{resume}`, the fields of `track.Protocol`) filled and the LOCKSTEP_* variables set;

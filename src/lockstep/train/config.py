@@ -1,4 +1,5 @@
-"""The run config: one TOML file, validated by pydantic, overridable with `--set key=value`.
+"""The run config: one TOML file, validated by pydantic, overridable with `--set key=value`
+(`apply_overrides`) and in code (`derive`), both through `set_values`.
 
 Every error names the bad key and is one line, so `lockstep train` can exit 2 before any rank
 starts. Checks that need the world size (batch arithmetic) live in `RunConfig.check(world)`.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -239,19 +241,36 @@ def _parse_value(text: str) -> Any:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`--set section.key=value` items (TOML values) applied to a config's data, in order."""
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--set '{item}' must look like section.key=value")
+        set_values(data, {key.strip(): _parse_value(value.strip())})
+    return data
+
+
+def set_values(data: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
+    """Set each dotted key (`engine.name`) of `values` in a config's data, in order: the one
+    override mechanism, of `--set` (`apply_overrides`) and of `derive`."""
+    for key, value in values.items():
         node = data
-        *parents, leaf = key.strip().split(".")
+        *parents, leaf = key.split(".")
         for part in parents:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
                 raise UsageError(f"--set {key}: '{part}' is a value, not a section")
             node = child
-        node[leaf] = _parse_value(value.strip())
+        node[leaf] = value
     return data
+
+
+def derive(cfg: RunConfig, source: str = "derived config", /, **dotted: Any) -> RunConfig:
+    """A copy of `cfg` with overrides set as `--set` sets them (`set_values`), values already
+    parsed: a keyword `section__key=value` (`engine__name="fsdp"`) or a dotted key
+    (`**{"logging.wandb": "disabled"}`); validated, errors naming `source`."""
+    values = {key.replace("__", "."): value for key, value in dotted.items()}
+    return from_dict(set_values(cfg.model_dump(mode="json"), values), source)
 
 
 def _one_line(err: ValidationError, source: str) -> str:

@@ -1,0 +1,290 @@
+"""The resume check: N steps, a checkpoint, a resume and N more steps match 2N straight steps.
+
+On lockstep's reference job the straight run saves its state at N and 2N
+(`resume_reference`); the resumed run, in new processes (`plan`: a second launch, maybe at
+another world size), compares the state it loaded and the steps after it (`resume_compare`);
+a failure names the state the resume lost. On a user's script (`check_script`) three
+launches: straight, a first half that checkpoints, a second half that resumes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from lockstep.checks import registry
+from lockstep.checks.divergence_replay import investigated, trainer_side
+from lockstep.checks.harness import check_config, exact_tolerance, numeric_tolerance, world_size
+from lockstep.checks.result import CheckResult, tolerance
+from lockstep.checks.script_runs import Runs, ScriptRunner, require_steps
+from lockstep.checks.state import differences, rows, snapshot
+from lockstep.checks.trajectory import Divergence, by_step, first_divergence
+from lockstep.errors import UsageError
+from lockstep.module_digest import PASSES
+from lockstep.train import checkpoint
+from lockstep.train.config import RunConfig
+from lockstep.train.trainer import Trainer
+
+
+def _resume_paths(workdir: Path, half: int) -> tuple[Path, Path]:
+    ckpt = workdir / "resume" / "checkpoints"
+    return ckpt, ckpt / f"step_{half:08d}"
+
+
+def resume_reference(cfg: RunConfig, workdir: Path, half: int) -> None:
+    """The straight run: 2N steps with a checkpoint at N; saves its state at N and at 2N."""
+    ckpt, _ = _resume_paths(workdir, half)
+    straight = check_config(
+        cfg,
+        steps=2 * half,
+        checkpoint__every=half,
+        checkpoint__at_end=False,
+        checkpoint__keep=2,
+        checkpoint__resume="never",
+        checkpoint__dir=str(ckpt),
+    )
+    trainer = Trainer(straight, workdir / "resume" / "straight")
+    try:
+        first = trainer.train(stop_at=half).steps
+        at_half = snapshot(trainer)
+        result = trainer.train()
+        at_end = snapshot(trainer)
+    finally:
+        trainer.close()
+    record = {
+        "steps": rows(first + result.steps),
+        "at_half": at_half,
+        "at_end": at_end,
+        "world_size": world_size(),
+    }
+    torch.save(record, workdir / "resume" / f"straight-rank{trainer.rank}.pt")
+
+
+def _straight_record(workdir: Path) -> dict:
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    saved = workdir / "resume" / f"straight-rank{rank}.pt"
+    if not saved.exists():  # more ranks than the straight run had
+        saved = workdir / "resume" / "straight-rank0.pt"
+    return checkpoint.load_file(saved, map_location=None)
+
+
+def resume_compare(cfg: RunConfig, workdir: Path, half: int) -> CheckResult:
+    """New processes: resume from the straight run's step-N checkpoint, compare state and
+    the N steps after it with the straight run. At another world size (ddp/fsdp reshard
+    through DCP) the comparison uses `numeric_tolerance` and skips the per-rank RNG."""
+    ckpt, path = _resume_paths(workdir, half)
+    straight = _straight_record(workdir)
+    same_world = straight["world_size"] == world_size()
+    rtol, atol = exact_tolerance(cfg) if same_world else numeric_tolerance(cfg)
+    resumed_cfg = check_config(
+        cfg,
+        steps=2 * half,
+        checkpoint__at_end=False,
+        checkpoint__every=0,
+        checkpoint__resume=str(path),
+        checkpoint__dir=str(ckpt),
+    )
+    trainer = Trainer(resumed_cfg, workdir / "resume" / f"resumed-{world_size()}")
+    try:
+        loaded = snapshot(trainer)
+        if not same_world:
+            loaded["RNG"] = None
+        lost = differences(straight["at_half"], loaded, rtol, atol)
+        result = trainer.train()
+        at_end = snapshot(trainer)
+    finally:
+        trainer.close()
+    where = f"{cfg.engine.name}, resume at step {half}" + (
+        "" if same_world else f" on {world_size()} ranks"
+    )
+    steps_after = range(half + 1, 2 * half + 1)
+    div = first_divergence(straight["steps"], rows(result.steps), steps=steps_after,
+                           rtol=rtol, atol=atol)  # fmt: skip
+    param_atol = atol if same_world else 1e-2 * cfg.optimizer.lr
+    end_diff = differences(straight["at_end"], at_end | {"RNG": None}, rtol, atol, param_atol)
+    if not lost and div is None and not end_diff:
+        return CheckResult(
+            "resume",
+            True,
+            f"{where}: the loaded state and steps {half + 1}..{2 * half} match a straight run "
+            f"{tolerance(rtol, atol)}, final parameters and optimizer state included",
+        )
+    straight_cfg = check_config(cfg, steps=2 * half, checkpoint__resume="never",
+                                checkpoint__dir=str(workdir / "resume" / "replay-ckpt"))  # fmt: skip
+    return investigated(
+        _failed(where, lost, div, end_diff),
+        {
+            "straight": trainer_side(straight_cfg, record_from=half + 1),
+            "resumed": trainer_side(resumed_cfg, record_from=half + 1),
+        },
+        workdir / "resume-replay",
+        2 * half,
+        rtol,
+        atol,
+        first_step=half + 1,
+        passes=PASSES if same_world else ("backward", "update"),
+    )
+
+
+def _failed(where: str, lost: dict, div: Divergence | None, end_diff: dict) -> CheckResult:
+    """The failed result: what the resume did not restore, else where the steps after it part,
+    else the state that differs at the end."""
+    if lost:
+        diagnosis = "not restored by the resume: " + "; ".join(
+            f"{part} ({why})" for part, why in lost.items()
+        )
+    elif div is not None:
+        diagnosis = "the loaded state matches but the steps after it diverge"
+    else:
+        diagnosis = "after the resumed steps: " + "; ".join(
+            f"{part} ({why})" for part, why in end_diff.items()
+        )
+    summary = (
+        f"{where}: the resumed run diverges at {div.describe('straight', 'resumed')}"
+        if div is not None
+        else f"{where}: the metrics match but the state differs"
+    )
+    return CheckResult("resume", False, summary, divergence=div, diagnosis=diagnosis)
+
+
+def check_resume(cfg: RunConfig, workdir: Path, half: int | None = None) -> CheckResult:
+    """2N straight steps against N steps, a checkpoint, a resume and N more steps.
+
+    In one process group (a warm pool) the resume is a new `Trainer`; `lockstep check resume`
+    runs `resume_compare` in a second launch (`plan`), so the resume happens in new processes.
+    """
+    half = half or max(1, cfg.steps // 2)
+    resume_reference(cfg, workdir, half)
+    return resume_compare(cfg, workdir, half)
+
+
+def plan(launches, check: registry.Check) -> list[CheckResult]:
+    """A straight run that checkpoints at half, then new processes (maybe another world size,
+    --resume-nproc) that resume from it (`plans.Launches`)."""
+    half = max(1, launches.cfg.steps // 2)
+    other = launches.resume_nproc or launches.nproc
+    launches.fixed.check(other)
+    config = launches.fixed_config
+    here = registry.Function("resume", "resume_reference")
+    launches.ranks([here], config=config, half=half)
+    return launches.ranks([registry.Function("resume", "resume_compare")], other, config,
+                          half=half)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ a script
+
+
+def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float) -> CheckResult:
+    """2N straight steps against N steps, a checkpoint, new processes and a resume to 2N.
+
+    The script may checkpoint at any step k <= N (every few steps, before or after the step
+    of that iteration); the resumed run's first logged step k+1 says where it resumed, and
+    steps k+1..2N are compared. A resume that starts at step 1 (nothing loaded), past N+1, or
+    that leaves out a step fails.
+    """
+    nproc, steps = asked.nproc, asked.steps
+    half = max(1, steps // 2)
+    total = 2 * half
+    straight = runner.run("resume-straight", nproc=nproc, max_steps=total)
+    ckpt = runner.workdir / "resume-checkpoints"
+    runner.run("resume-first-half", nproc=nproc, max_steps=half, checkpoint_dir=ckpt)
+    if not ckpt.is_dir() or not any(ckpt.iterdir()):
+        raise UsageError(
+            f"the script left no checkpoint in LOCKSTEP_CHECKPOINT_DIR ({ckpt}) within "
+            f"LOCKSTEP_MAX_STEPS={half} steps; it must save one at or before its last step"
+        )
+    resumed = runner.run(
+        "resume-second-half", nproc=nproc, max_steps=total, checkpoint_dir=ckpt, resume=True
+    )
+    require_steps(straight, total, "resume-straight")
+    logged = sorted(by_step(resumed))
+    stopped = max(half, runner.last_logged.get("resume-first-half", half))  # overshoot
+    wrong = _wrong_start(logged, half, stopped, total)
+    if wrong is not None:
+        summary, diagnosis, div = wrong
+        return _script_failed(runner, summary, diagnosis, div)
+    first = logged[0]
+    where = f"a resume at step {first - 1}"
+    if first - 1 < half:
+        where += f" (its latest checkpoint; the first run stopped at {half})"
+    elif first - 1 > half:
+        where += f" (the first run went past LOCKSTEP_MAX_STEPS={half})"
+    div = first_divergence(straight, resumed, steps=range(first, total + 1), rtol=rtol, atol=atol)
+    if div is None:
+        return CheckResult(
+            "resume",
+            True,
+            f"steps {first}..{total} after {where} match a straight run {tolerance(rtol, atol)}",
+            logs=runner.logs,
+            notes=runner.take_notes(),
+        )
+    return _script_failed(
+        runner,
+        f"the resumed run diverges at {div.describe('straight', 'resumed')}",
+        diagnose_resume(div, straight, resumed),
+        div,
+    )
+
+
+def _script_failed(runner: ScriptRunner, summary: str, diagnosis: str,
+                   div: Divergence | None = None) -> CheckResult:  # fmt: skip
+    return CheckResult("resume", False, summary, divergence=div, diagnosis=diagnosis,
+                       logs=runner.logs, notes=runner.take_notes())  # fmt: skip
+
+
+def _wrong_start(
+    logged: list[int], half: int, stopped: int, total: int
+) -> tuple[str, str, Divergence | None] | None:
+    """(summary, diagnosis, divergence) when the resumed run's steps (`logged`) do not start
+    right after a checkpoint of the first run (which stopped at `stopped`) and run on to
+    `total` without a gap; None when they do."""
+    if not logged:
+        return "the resumed run logged no step", "the resumed run did not train", None
+    first = logged[0]
+    if first == 1:
+        return (
+            f"the resumed run started again at step 1 (the first run stopped at {half})",
+            "no checkpoint was loaded: is LOCKSTEP_RESUME=1 honoured, and does the step "
+            "counter come from the checkpoint?",
+            Divergence(1, "step", None, 1),
+        )
+    if first > stopped + 1:
+        return (
+            f"the resumed run starts at step {first}, after the first run's last step "
+            f"{stopped}: "
+            + (
+                f"step {first - 1} was skipped"
+                if first - 1 == stopped + 1
+                else f"steps {stopped + 1}..{first - 1} were skipped"
+            ),
+            "the step counter or data position restored past the checkpoint "
+            "(an off-by-one when saving or loading the step?)",
+            Divergence(stopped + 1, "step", stopped + 1, None),
+        )
+    gaps = sorted(set(range(first, total + 1)) - set(logged))
+    if gaps:
+        return (
+            f"the resumed run (from step {first}) skipped step {gaps[0]}",
+            "the resumed run left out a step: the step counter advances twice, or a step "
+            "is not logged",
+            Divergence(gaps[0], "step", gaps[0], None),
+        )
+    return None
+
+
+def diagnose_resume(div: Divergence, straight: list[dict], resumed: list[dict]) -> str:
+    """Name the state that a resume most likely lost, from what the metrics show."""
+    compared = range(div.step, max(by_step(straight)) + 1)
+    if first_divergence(straight, resumed, metrics=("lr",), steps=compared) is not None:
+        return "the LR schedule was not restored"
+    if div.step == min(by_step(resumed)):
+        return (
+            "the first step after the resume already differs while the LR matches: "
+            "parameters, optimizer state, RNG state or data position were not restored"
+        )
+    return (
+        f"the runs agree after the resume and drift from step {div.step}: optimizer or "
+        "RNG state was not fully restored"
+    )

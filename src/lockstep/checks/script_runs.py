@@ -1,0 +1,157 @@
+"""A user's training script run as a black box for the checks (`--script CMD`).
+
+The script speaks the protocol of `lockstep.track` (LOCKSTEP_METRICS, LOCKSTEP_MAX_STEPS,
+LOCKSTEP_CHECKPOINT_DIR, LOCKSTEP_RESUME; also `{metrics}`, `{max_steps}`,
+`{checkpoint_dir}` and `{resume}` placeholders in the command). Each check (its
+`check_script`) launches it a few times through `ScriptRunner` and compares the per-step
+metrics the runs wrote.
+
+Tolerated, with a one-line note: steps logged past LOCKSTEP_MAX_STEPS (loops that overshoot
+by one) are ignored; the known gloo abort at interpreter exit (SIGABRT, "terminate called
+without an active exception", no Python frame) after a complete run that left its
+checkpoint. Any other crash is bad input.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from lockstep.checks.trajectory import by_step, read_metrics
+from lockstep.errors import RankTimeout, UsageError
+from lockstep.launch.protocol_run import run_under_protocol
+from lockstep.launch.script import Script
+
+
+@dataclass(frozen=True)
+class Runs:
+    """What the checks' runs are asked for: ranks, steps per run, the world sizes compared."""
+
+    nproc: int
+    steps: int
+    sizes: list[int]
+
+
+class ScriptRunner:
+    """The script's runs for the checks, one per call, each in its own folder: run by
+    `lockstep.launch.protocol_run`, a failed launch is bad input (after its triage there), and
+    the steps logged past LOCKSTEP_MAX_STEPS are left out with a note."""
+
+    def __init__(
+        self,
+        command: str,
+        workdir: Path,
+        timeout: float = 600.0,
+        launcher: str = "torchrun",
+        run_path: bool = False,
+    ):
+        self.script = Script(command, launcher=launcher, run_path=run_path, timeout=timeout)
+        self.workdir = workdir
+        self.timeout = timeout
+        self.logs: dict[str, str] = {}
+        self.notes: list[str] = []
+        self.last_logged: dict[str, int] = {}  # per run: its last step, overshoot included
+        self._fresh: dict[tuple[int, int], list[dict]] = {}
+
+    def take_notes(self) -> list[str]:
+        notes, self.notes = self.notes, []
+        return notes
+
+    def note(self, text: str) -> None:
+        print(f"note: {text}", flush=True)
+        self.notes.append(text)
+
+    def run(
+        self,
+        name: str,
+        *,
+        nproc: int,
+        max_steps: int,
+        checkpoint_dir: Path | None = None,
+        resume: bool = False,
+        reuse: bool = True,
+        per_rank: bool = False,
+        dtype: str | None = None,
+        watch: Path | None = None,
+    ) -> list[dict] | dict[int, list[dict]]:
+        """One launch; returns the metrics rank 0 wrote (`per_rank`: {rank: metrics}, every
+        rank writing its own file). A failed launch is bad input. `dtype`: a replay
+        (`track.replay_dtype`); `watch`: a replay recording modules (`track.watch`).
+
+        A fresh run (no resume, own checkpoint folder) is reused by later checks asking for
+        the same ranks and steps: `check all` launches fewer runs. `reuse=False` forces a new
+        launch (determinism needs two).
+        """
+        key = (nproc, max_steps)
+        fresh = checkpoint_dir is None and not resume and not per_rank and dtype is None
+        fresh = fresh and watch is None
+        if fresh and reuse and key in self._fresh:
+            return self._fresh[key]
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        if dtype is not None:
+            env["LOCKSTEP_DTYPE"] = dtype
+        if watch is not None:
+            env["LOCKSTEP_WATCH"] = str(watch)
+        self.logs[name] = str(self.workdir / name / "run.log")
+        run = run_under_protocol(self.script, nproc, self.workdir / name, max_steps=max_steps,
+                                 checkpoint_dir=checkpoint_dir, resume=resume,
+                                 per_rank=per_rank, env=env)  # fmt: skip
+        if run.timed_out:
+            raise RankTimeout(
+                f"run '{name}' ({nproc} ranks) did not finish within {self.timeout:.0f} s "
+                f"and was killed; log: {run.log}{run.exit.hang_report()}"
+            )
+        zero_path = run.metrics_of(0)
+        zero = self._read(name, zero_path, max_steps, None) if zero_path.is_file() else []
+        crash = run.crash(sorted(by_step(zero)), checkpoint=run.protocol.checkpoint_dir)
+        if crash is not None and crash.cause is not None:
+            raise UsageError(f"run '{name}' exited {run.code}: {crash.cause} (log: {run.log})")
+        if crash is not None:
+            self.note(f"run '{name}': {crash.note}")
+        records: list[dict] | dict[int, list[dict]] = zero
+        if per_rank:
+            records = {0: zero} | {
+                r: self._read(name, run.metrics_of(r), max_steps, r) for r in range(1, nproc)
+            }
+            if not zero_path.is_file():
+                self._read(name, zero_path, max_steps, 0)  # raises: names the missing file
+        if not per_rank and not zero_path.is_file():
+            read_metrics(zero_path)  # raises: names the missing file
+        if fresh:
+            self._fresh.setdefault(key, records)
+        return records
+
+    def _read(self, name: str, path: Path, max_steps: int, rank: int | None) -> list[dict]:
+        """A run's records, without the steps past LOCKSTEP_MAX_STEPS (noted once)."""
+        if rank is not None and not path.is_file():
+            raise UsageError(
+                f"run '{name}': rank {rank} wrote no metrics at {path}; with '{{rank}}' in "
+                "LOCKSTEP_METRICS every rank must call lockstep.track.log(step, ..., model=model)"
+            )
+        if not path.is_file():
+            return []  # judged by the caller: a crash first, else read_metrics names it
+        records = read_metrics(path)
+        if rank in (None, 0) and records:
+            self.last_logged[name] = max(int(r["step"]) for r in records)
+        over = sorted({int(r["step"]) for r in records if int(r["step"]) > max_steps})
+        if over:
+            if rank in (None, 0):
+                self.note(
+                    f"run '{name}' logged step {over[0]}"
+                    + (f"..{over[-1]}" if len(over) > 1 else "")
+                    + f" past LOCKSTEP_MAX_STEPS={max_steps}; ignored"
+                )
+            records = [r for r in records if int(r["step"]) <= max_steps]
+        return records
+
+
+def require_steps(records: list[dict], steps: int, name: str) -> None:
+    """A run that logged every step 1..`steps`, else bad input."""
+    logged = sorted(by_step(records))
+    if logged != list(range(1, steps + 1)):
+        raise UsageError(
+            f"run '{name}' logged steps {logged[:3]}..{logged[-3:]}, expected 1..{steps}: "
+            "the script must log every optimizer step and stop at LOCKSTEP_MAX_STEPS"
+        )

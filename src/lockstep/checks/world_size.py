@@ -1,0 +1,181 @@
+"""The world-size check: the same global batch trains alike on any number of ranks. On
+lockstep's reference job each launch compares its world size with the unsharded
+single-process reference (`check_world_size`; `plan`: one launch per size); on a user's
+script the world sizes' runs are compared with each other (`check_script`), and a
+difference is replayed in float64 to tell rounding noise from a real dependence
+(`float64_replay`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lockstep.checks import divergence as dv
+from lockstep.checks import registry
+from lockstep.checks.agreement import agree, combine
+from lockstep.checks.divergence_replay import reference_side, trainer_side
+from lockstep.checks.harness import trajectory, without_checkpoints, world_size
+from lockstep.checks.reference import run_reference
+from lockstep.checks.result import CheckResult, tolerance
+from lockstep.checks.script_runs import Runs, ScriptRunner, require_steps
+from lockstep.checks.trajectory import Divergence, by_step, first_divergence
+from lockstep.train.config import RunConfig
+
+RANK_LOCAL = (
+    "a rank-local computation: clipping or a norm on a local shard, a loss or batch that "
+    "depends on the world size, or per-rank randomness"
+)
+
+
+def check_world_size(cfg: RunConfig, workdir: Path) -> CheckResult:
+    """This world size against the unsharded single-process reference on the same global
+    batch; `lockstep check world-size` also compares launches of different sizes."""
+    n = world_size()
+    ref = run_reference(cfg, n)
+    runs = {
+        "1 process (unsharded)": (ref.steps, ref.params),
+        f"{n} ranks": trajectory(cfg, workdir / f"world-size-{n}"),
+    }
+    return agree(
+        "world-size",
+        runs,
+        cfg,
+        "a rank-local computation: a norm or loss on a local shard, a batch that depends on "
+        "the world size, or per-rank randomness",
+        sides={
+            "1 process (unsharded)": reference_side(cfg, n),
+            f"{n} ranks": trainer_side(without_checkpoints(cfg)),
+        },
+        workdir=workdir,
+        passes=("backward", "update"),  # the ranks' forward sees part of the batch
+    )
+
+
+def plan(launches, check: registry.Check) -> list[CheckResult]:
+    """One launch per world size, on the same global batch (`plans.Launches`); one result for
+    all."""
+    for n in launches.sizes:
+        launches.fixed.check(n)
+    found = [
+        r for n in launches.sizes for r in launches.ranks([check.rank], n, launches.fixed_config)
+    ]
+    return [combine(check.name, found)]
+
+
+# ------------------------------------------------------------------------------ a script
+
+
+def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float) -> CheckResult:
+    """The same global batch on each world size; the script must keep it constant."""
+    sizes, steps = asked.sizes, asked.steps
+    runs = {n: runner.run(f"world-size-{n}", nproc=n, max_steps=steps) for n in sizes}
+    base = sizes[0]
+    require_steps(runs[base], steps, f"world-size-{base}")
+    noise: list[dict] = []  # differences a float64 replay showed to be rounding
+    for n in sizes[1:]:
+        div = first_divergence(
+            runs[base], runs[n], metrics=("loss", "grad_norm"), rtol=rtol, atol=atol
+        )
+        if div is None:
+            continue
+        where = div.describe(f"{base}ranks", f"{n}ranks")
+        verdict = float64_replay(runner, div, base, n, (runs[base], runs[n]))
+        forensics = {
+            "parting": None,
+            "verdict": verdict.to_dict(),
+            "reproduced": None,
+            "lines": [f"float64 replay of step {div.step}: {verdict.text}"],
+        }
+        if verdict.kind == "noise":
+            runner.note(f"{base} and {n} ranks differ at {where}: {verdict.text}")
+            noise.append(forensics)
+            continue
+        diagnosis = RANK_LOCAL
+        if verdict.kind in ("factor", "dependence"):
+            diagnosis = f"{verdict.text}; {diagnosis}"
+        return CheckResult(
+            "world-size",
+            False,
+            f"{base} and {n} ranks diverge at {where}",
+            divergence=div,
+            diagnosis=diagnosis,
+            logs=runner.logs,
+            notes=runner.take_notes(),
+            forensics=forensics,
+        )
+    said = ", apart from rounding noise (float64 replay)" if noise else ""
+    return CheckResult(
+        "world-size",
+        True,
+        f"{steps} steps agree on {', '.join(map(str, sizes))} ranks {tolerance(rtol, atol)}{said}",
+        logs=runner.logs,
+        notes=runner.take_notes(),
+        forensics=noise[0] if noise else None,
+    )
+
+
+def float64_replay(runner: ScriptRunner, div: Divergence, base: int, n: int, fp32=None):
+    """Both world sizes again to the diverging step with LOCKSTEP_DTYPE=float64: rounding
+    noise shrinks by orders of magnitude, a real dependence does not; loss and gradient norm
+    off by one common ratio are named as a normalisation (`_common_ratio`).
+
+    A metric the script keeps in float32 whatever the replay (the HF Trainer's logged loss)
+    comes back unchanged: it is judged by the other metric's replay when it differs by no more
+    than a few float32 ulps (`_kept_in_float32`); otherwise the verdict is unavailable."""
+    if div.metric not in ("loss", "grad_norm") or not isinstance(div.expected, float):
+        return dv.Verdict("unavailable", f"no float64 replay for {div.metric}")
+    runs = {
+        m: by_step(
+            runner.run(f"world-size-{m}-float64", nproc=m, max_steps=div.step, dtype="float64")
+        )
+        for m in (base, n)
+    }
+    a, b = runs[base].get(div.step, {}), runs[n].get(div.step, {})
+    if (a.get(div.metric), b.get(div.metric)) == (div.expected, div.actual):
+        return _kept_in_float32(div, a, b, fp32)
+    verdict = dv.float64_verdict(
+        div.metric, (div.expected, div.actual), (a.get(div.metric), b.get(div.metric))
+    )
+    return _common_ratio(verdict, a, b, base, n)
+
+
+def _kept_in_float32(div: Divergence, a: dict, b: dict, fp32) -> dv.Verdict:
+    """The verdict when the replay gave the fp32 values of the diverging metric back."""
+    other = "grad_norm" if div.metric == "loss" else "loss"
+    was = [by_step(r).get(div.step, {}).get(other) for r in fp32 or ({}, {})]
+    now = (a.get(other), b.get(other))
+    if all(isinstance(x, float) for x in (*was, *now)) and tuple(was) != now:
+        judged = dv.float64_verdict(other, tuple(was), now)
+        ulps = abs(div.expected - div.actual) / (abs(div.expected) * 2.0**-23)
+        if judged.kind == "noise" and ulps <= 4:
+            return dv.Verdict(
+                "noise",
+                f"rounding noise: {div.metric} differs by {ulps:.2g} float32 ulp (the "
+                f"script logs it in float32 whatever the replay) and {judged.text}",
+                judged.rel32,
+                judged.rel64,
+            )
+    return dv.Verdict(
+        "unavailable",
+        "the float64 replay gave the fp32 values: the script does not follow LOCKSTEP_DTYPE "
+        "(call lockstep.track.protocol() before building the model, or use the HF "
+        "Trainer's LockstepCallback)",
+    )
+
+
+def _common_ratio(verdict: dv.Verdict, a: dict, b: dict, base: int, n: int) -> dv.Verdict:
+    """A dependence where loss and gradient norm on `n` ranks are one common factor times
+    those on `base` is named as a normalisation bug."""
+    if verdict.kind == "dependence" and all(
+        isinstance(x.get(k), float) and x.get(k) for x in (a, b) for k in ("loss", "grad_norm")
+    ):
+        ratios = [b[k] / a[k] for k in ("loss", "grad_norm")]
+        if abs(ratios[0] - ratios[1]) <= 1e-9 * abs(ratios[0]):
+            return dv.Verdict(
+                "factor",
+                f"a normalisation bug: in a float64 replay the loss and the gradient norm on "
+                f"{n} ranks are both {ratios[0]:.6g} times those on {base} (one common factor)",
+                verdict.rel32,
+                verdict.rel64,
+                ratios[0],
+            )
+    return verdict
