@@ -21,11 +21,11 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=10_000)
     args = parser.parse_args()
 
-    from lockstep.env.collectives import COLLECTIVES
     from lockstep.env.compare import Ignored, compare_ranks, section_digests
     from lockstep.env.fingerprint import collect
-    from lockstep.env.report import markdown, outlier_rows
-    from lockstep.env.verdict import build_report
+    from lockstep.preflight.collectives import COLLECTIVES
+    from lockstep.preflight.report import markdown, outlier_rows
+    from lockstep.preflight.verdict import build_report
 
     base = collect()
     ignored = Ignored()

@@ -38,17 +38,17 @@ def register(subparsers) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    """One rank of an outer launch (`lockstep.env.launcher` reads which), or, with none,
+    """One rank of an outer launch (`lockstep.launch.detect` reads which), or, with none,
     `--nproc` local ranks started here after the config and resume checks."""
     from lockstep import extras
-    from lockstep.env import launcher
     from lockstep.errors import EXIT_FAIL, UsageError
+    from lockstep.launch import detect
     from lockstep.train.config import load_config
 
     cfg = load_config(args.config, args.overrides)
     extras.require_config(f"lockstep train {args.config}", cfg)  # before any rank starts
     out = Path(args.out)
-    info = launcher.adopt()  # sets RANK, MASTER_ADDR, ... for srun, mpirun and PMI too
+    info = detect.adopt()  # sets RANK, MASTER_ADDR, ... for srun, mpirun and PMI too
     if info is None:
         if args.nproc < 1:
             raise UsageError(f"--nproc {args.nproc}: need at least 1")
