@@ -16,20 +16,15 @@ import copy
 import time
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=10_000)
-    args = parser.parse_args()
-
-    from lockstep.env.collectives import COLLECTIVES
-    from lockstep.env.compare import Ignored, compare_ranks, section_digests
+def synthetic_ranks(n: int):
+    """(digests, representatives, identities, per-rank digest seconds) of `n` synthetic ranks:
+    this machine's fingerprint with each rank's hostname and rank variables, three outlier
+    groups."""
+    from lockstep.env.compare import Ignored, section_digests
     from lockstep.env.fingerprint import collect
-    from lockstep.env.report import markdown, outlier_rows
-    from lockstep.env.verdict import build_report
 
     base = collect()
     ignored = Ignored()
-    n = args.ranks
     outlier_groups = {  # rank -> mutation; 3 groups of different sizes
         **{r: "env" for r in range(17, n, 997)},
         **{r: "torch" for r in range(400, 420)},
@@ -71,6 +66,21 @@ def main() -> None:
                 "checks": [{"name": "shm", "status": "ok", "detail": "/dev/shm 16 GiB"}],
             }
         )
+    return digests, representatives, identities, digest_time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=10_000)
+    args = parser.parse_args()
+
+    from lockstep.env.compare import Ignored, compare_ranks
+    from lockstep.preflight.collectives import COLLECTIVES
+    from lockstep.preflight.report import markdown, outlier_rows
+    from lockstep.preflight.verdict import build_report
+
+    n = args.ranks
+    digests, representatives, identities, digest_time = synthetic_ranks(n)
     # what each rank measured, as preflight's rank 0 receives it (`verdict`'s docstring)
     measurements = [
         {
@@ -82,7 +92,7 @@ def main() -> None:
     ]
 
     start = time.perf_counter()
-    result = compare_ranks(digests, representatives, identities, ignored)
+    result = compare_ranks(digests, representatives, identities, Ignored())
     report = build_report(
         launcher="torchelastic",
         backend="gloo",

@@ -9,7 +9,7 @@ cluster bed.
 
 sim: synthetic bandwidths (100 Gb/s, 5% Gaussian noise), slow nodes (a fifth) and slow links
 (a fifth) planted at random, independently of the schedule, through the stage's own plan (first
-pass, confirmation rounds, second pass; `link_verdict.second_plan`). Beyond the full-matrix
+pass, confirmation rounds, second pass; `lockstep.preflight.links.schedule.second_plan`). Beyond the full-matrix
 size: every slow node named within 2 log2(N) + 4 rounds with no false one; the probability of
 finding one slow link per round budget (more random rounds); the verdict's time at 4,096 nodes
 (`judge`, and `assess`, the report's whole section), in CPU seconds and wall seconds.
@@ -40,7 +40,7 @@ import statistics
 import subprocess
 import time
 
-from lockstep.env import link_verdict as lv
+from lockstep.preflight.links import schedule, section, stats, verdict
 
 
 def measure(rounds, slow_nodes, slow_links, rng, noise=0.05, offset=0):
@@ -58,9 +58,9 @@ def measure(rounds, slow_nodes, slow_links, rng, noise=0.05, offset=0):
 
 def staged(n, slow, pairs, rng, seed, extra=0):
     """The stage's plan on synthetic links: (links, rounds used)."""
-    first = lv.first_pass(n, seed=seed, rounds=lv.first_pass_rounds(n) + extra)
+    first = schedule.first_pass(n, seed=seed, rounds=schedule.first_pass_rounds(n) + extra)
     links = measure(first, slow, pairs, rng)
-    plan = lv.second_plan(n, links, sampled=True, seed=seed + 1)
+    plan = schedule.second_plan(n, links, sampled=True, seed=seed + 1)
     links += measure(plan, slow, pairs, rng, offset=len(first))
     return links, len(first) + len(plan)
 
@@ -77,22 +77,24 @@ def sim(trials: int) -> None:
             slow = set(rng.sample(range(n), max(1, n // 256)))  # 4 or 16 slow nodes
             links, used = staged(n, slow, set(), rng, t)
             rounds_used.append(used)
-            merged = lv.best_of(links)
+            merged = stats.best_of(links)
             c0, w0 = time.process_time(), time.perf_counter()
-            v = lv.judge(n, merged)
+            v = verdict.judge(n, merged)
             judge_cpu.append(time.process_time() - c0)
             judge_wall.append(time.perf_counter() - w0)
             c0 = time.process_time()
-            section = lv.assess(hosts=hosts, ranks=ranks, local=local, cross=links, timeout_s=60)
+            report = section.assess(
+                hosts=hosts, ranks=ranks, local=local, cross=links, timeout_s=60
+            )
             assess_cpu.append(time.process_time() - c0)
-            assert section["exclude"] == [f"n{k}" for k in v["exclude"]]
+            assert report["exclude"] == [f"n{k}" for k in v["exclude"]]
             named = {s["node"] for s in v["slow_nodes"]}
             found += len(named & slow)
             false += len(named - slow) + len(v["slow_links"])
             planted_total += len(slow)
         print(
             f"N={n}: slow nodes named {found}/{planted_total} over {trials} trials, false "
-            f"findings {false}, rounds at most {max(rounds_used)} (budget {lv.budget(n)}); "
+            f"findings {false}, rounds at most {max(rounds_used)} (budget {schedule.budget(n)}); "
             f"judge CPU median {statistics.median(judge_cpu):.3f} s, max {max(judge_cpu):.3f} s "
             f"(wall max {max(judge_wall):.3f} s); the whole report section (assess) CPU median "
             f"{statistics.median(assess_cpu):.3f} s, max {max(assess_cpu):.3f} s",
@@ -105,7 +107,7 @@ def sim(trials: int) -> None:
                 a, b = rng.sample(range(n), 2)
                 pair = {(min(a, b), max(a, b))}
                 links, total = staged(n, set(), pair, rng, t, extra)
-                v = lv.judge(n, lv.best_of(links))
+                v = verdict.judge(n, stats.best_of(links))
                 hits += any((s["a"], s["b"]) == min(pair) for s in v["slow_links"])
             print(
                 f"  N={n}: one slow link found in {hits}/{trials * 5} trials with {total} "

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lockstep.env.launcher import LAUNCHER_VARIABLES
+from lockstep.launch.detect import LAUNCHER_VARIABLES
 from support.inprocess import run_main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """The `lockstep` command: a thin argparse front that imports each subcommand lazily.
 
-Each command group lives beside the code it drives (`lockstep.env.cli`, `lockstep.train.cli`,
-...) and exposes `register(subparsers)`, adding parsers whose `func(args) -> int` does the work.
+Each command group lives beside the code it drives (`lockstep.env.cli`, `lockstep.preflight.cli`,
+`lockstep.train.cli`, ...) and exposes `register(subparsers)`, adding parsers whose `func(args) -> int` does the work.
 Heavy imports (torch, deepspeed) happen inside `func`, so `lockstep --help` stays instant.
 """
 
@@ -18,6 +18,7 @@ from lockstep.errors import EXIT_USAGE, LockstepError
 # Modules that add subcommands, in the order a user walks the pipeline.
 COMMAND_MODULES = [
     "lockstep.env.cli",
+    "lockstep.preflight.cli",
     "lockstep.train.cli",
     "lockstep.checks.cli",
     "lockstep.gate.cli",

@@ -1,4 +1,4 @@
-"""Markdown for a GitHub step summary, shared by `preflight` (`env.report`) and `gate`
+"""Markdown for a GitHub step summary, shared by `preflight` (`preflight.report`) and `gate`
 (`gate.report`): a table cell's text escaped, and the summary appended to
 `$GITHUB_STEP_SUMMARY`. Redaction is the caller's: what reaches here is already scrubbed."""
 

@@ -29,7 +29,7 @@ import pytest
 
 from lockstep.cluster import Cluster, unavailable
 from lockstep.cluster.network import LINK_BURST
-from lockstep.env.hostlist import expand
+from lockstep.launch.hostlist import expand
 
 pytestmark = pytest.mark.cluster
 

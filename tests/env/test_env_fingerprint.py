@@ -94,7 +94,7 @@ def test_image_manifest_gives_identity(clean_env, monkeypatch):
 
 
 def _installed() -> dict[str, str]:
-    return fingerprint._packages(None, Path("/nonexistent"), "0")["installed"]
+    return fingerprint.packages_section(None, Path("/nonexistent"), "0")["installed"]
 
 
 def _write_lock(path: Path, pins: dict[str, str]) -> Path:
@@ -160,15 +160,15 @@ def test_cli_diff_bad_input_is_one_line_exit_2(clean_env, capsys, content):
 
 
 def test_editable_revision_read_from_git_without_git(tmp_path):
-    from lockstep.env.fingerprint import _vcs_revision
+    from lockstep.env.fingerprint import vcs_revision
 
     sha = "0123456789abcdef0123456789abcdef01234567"
     git = tmp_path / "src" / ".git"
     (git / "refs" / "heads").mkdir(parents=True)
     (git / "HEAD").write_text("ref: refs/heads/main\n")
     (git / "refs" / "heads" / "main").write_text(sha + "\n")
-    assert _vcs_revision(f"file://{tmp_path / 'src'}") == sha
+    assert vcs_revision(f"file://{tmp_path / 'src'}") == sha
     (git / "refs" / "heads" / "main").unlink()
     (git / "packed-refs").write_text(f"# pack-refs\n{sha} refs/heads/main\n")
-    assert _vcs_revision(f"file://{tmp_path / 'src'}") == sha
-    assert _vcs_revision("https://example.org/x.git") is None
+    assert vcs_revision(f"file://{tmp_path / 'src'}") == sha
+    assert vcs_revision("https://example.org/x.git") is None

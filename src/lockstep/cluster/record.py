@@ -1,6 +1,6 @@
-"""Record the variables real launchers set, on the bed: the tables tests/env/ reads.
+"""Record the variables real launchers set, on the bed: the tables tests/launch/ reads.
 
-    python -m lockstep.cluster.record tests/env/data     # as root; ci/install-cluster.sh first
+    python -m lockstep.cluster.record tests/launch/data     # as root; ci/install-cluster.sh first
 
 Runs a script that dumps its launcher variables as JSON under `srun -N4 --ntasks-per-node 2`,
 `mpirun -H ls0:2,ls1:2,ls2:2,ls3:2` and `torchrun --nnodes 4 --nproc-per-node 2` (c10d) on a
@@ -58,7 +58,7 @@ def record(out: Path) -> list[Path]:
             0, [bed.python, "-c", "import torch; print(torch.__version__)"], check=True
         ).stdout.strip()
         base = {
-            "recorded_with": "python -m lockstep.cluster.record tests/env/data",
+            "recorded_with": "python -m lockstep.cluster.record tests/launch/data",
             "bed": f"{NODES} namespace nodes (lockstep.cluster), {PER_NODE} ranks per node",
             "debian": Path("/etc/debian_version").read_text().strip()
             if Path("/etc/debian_version").exists()

@@ -13,7 +13,7 @@ from collections import defaultdict
 from fnmatch import fnmatchcase
 
 from lockstep.env.fingerprint import SECTIONS, canonical_json
-from lockstep.env.launcher import PER_RANK_VARIABLES
+from lockstep.launch.detect import PER_RANK_VARIABLES
 
 DEFAULT_IGNORED = (
     "system.hostname",

@@ -21,9 +21,9 @@ from importlib import metadata
 from pathlib import Path
 
 from lockstep import compat
-from lockstep.env.launcher import LAUNCHER_VARIABLES
 from lockstep.env.lockfile import canonicalize_name, compare_lock, find_lock
 from lockstep.errors import UsageError
+from lockstep.launch.detect import LAUNCHER_VARIABLES
 from lockstep.redact import redact_mapping
 
 SCHEMA = 1
@@ -62,7 +62,7 @@ def collect(lock: Path | None = None, cwd: Path | None = None) -> dict:
         "system": _system(),
         "torch": _torch(torch),
         "gpus": _gpus(torch),
-        "packages": _packages(lock, cwd, torch.__version__),
+        "packages": packages_section(lock, cwd, torch.__version__),
         "container": _container(),
         "env": _env(),
         "determinism": _determinism(torch),
@@ -272,7 +272,8 @@ def _uuid(value: str) -> str | None:
     return value.removeprefix("GPU-") or None
 
 
-def _packages(lock: Path | None, cwd: Path, torch_version: str) -> dict:
+def packages_section(lock: Path | None, cwd: Path, torch_version: str) -> dict:
+    """The `packages` section: installed distributions, and the lock compared with them."""
     installed: dict[str, str] = {}
     shadowed: dict[str, list[str]] = {}
     editable: dict[str, str | None] = {}
@@ -290,7 +291,7 @@ def _packages(lock: Path | None, cwd: Path, torch_version: str) -> dict:
         records[name] = hashlib.sha256((dist.read_text("RECORD") or "").encode()).hexdigest()
         direct = _direct_url(dist)
         if direct.get("dir_info", {}).get("editable"):
-            editable[name] = _vcs_revision(direct.get("url", ""))
+            editable[name] = vcs_revision(direct.get("url", ""))
         elif "vcs_info" in direct:  # pip install git+https://...: pip recorded the commit
             vcs[name] = direct["vcs_info"].get("commit_id")
     lock = lock or find_lock(cwd, torch_version)
@@ -323,7 +324,7 @@ def _direct_url(dist: metadata.Distribution) -> dict:
         return {}
 
 
-def _vcs_revision(url: str) -> str | None:
+def vcs_revision(url: str) -> str | None:
     """The git commit checked out at an editable install's source (read from .git, no git)."""
     if not url.startswith("file://"):
         return None
@@ -418,7 +419,7 @@ def _determinism(torch) -> dict:
 
 
 def shm_bytes() -> int | None:
-    """The size of /dev/shm (None where there is none); `localchecks.shm` judges it."""
+    """The size of /dev/shm (None where there is none); `lockstep.env.shm.check` judges it."""
     try:
         st = os.statvfs("/dev/shm")
     except OSError:

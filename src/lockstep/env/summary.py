@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lockstep.env.report import cell
+from lockstep.redact import scrub_text
+
+
+def cell(value: object) -> str:
+    """Scrubbed, with rich markup escaped: values like `[W]` are text, not styles (preflight's
+    tables use it too)."""
+    from rich.markup import escape
+
+    return escape(scrub_text(str(value)))
 
 
 def _headline(name: str, body: dict) -> str:

@@ -8,7 +8,7 @@ does, in this process: a c10d rendezvous on the loopback with a port the OS pick
 - `run_launcher`: another launcher's command (the deepspeed launcher) in its own process group.
 
 `rank_environment` sets what ranks need before torch and DeepSpeed start. Which launcher
-started *this* process is `lockstep.env.launcher`.
+started *this* process is `detect` (`detect()`, `adopt()`).
 
 The modules, one concern each:
 
@@ -22,34 +22,41 @@ The modules, one concern each:
 - `script`: a user's script command under the protocol, its launchers (`LAUNCHERS`) and a
   launch's exit triaged; `protocol_run`: one run of it in a folder of its own, read back (the
   one way `check --script` and `gate` run a script).
+- `detect`: which launcher started this process and this rank's place in the job, the one
+  reader of launcher variables (torchrun, srun, mpirun, PMI, Kubeflow);
+- `hostlist`: Slurm host lists both ways (`expand`, `compress`).
 
-What code outside this package uses is exported here.
+What code outside this package uses is exported here, imported at first use: `lockstep
+fingerprint` reads `detect`'s variable tables, and importing this package must not start the
+launch machinery (subprocess, multiprocessing, signal handling) for it.
 """
 
-from lockstep.launch.cleanup import die_with, signals_deferred, signals_raise
-from lockstep.launch.forensics import ABORT_SIGNATURE, aborted_at_exit, last_error_line
-from lockstep.launch.forkserver import forkserver_context
-from lockstep.launch.ranks import (
-    free_port,
-    rank_environment,
-    run_command,
-    run_launcher,
-    run_local,
-    run_local_cli,
-)
+import importlib
 
-__all__ = [
-    "ABORT_SIGNATURE",
-    "aborted_at_exit",
-    "die_with",
-    "forkserver_context",
-    "free_port",
-    "last_error_line",
-    "rank_environment",
-    "run_command",
-    "run_launcher",
-    "run_local",
-    "run_local_cli",
-    "signals_deferred",
-    "signals_raise",
-]
+# name -> the module of this package that defines it
+_EXPORTS = {
+    "die_with": "cleanup",
+    "signals_deferred": "cleanup",
+    "signals_raise": "cleanup",
+    "ABORT_SIGNATURE": "forensics",
+    "aborted_at_exit": "forensics",
+    "last_error_line": "forensics",
+    "forkserver_context": "forkserver",
+    "free_port": "ranks",
+    "rank_environment": "ranks",
+    "run_command": "ranks",
+    "run_launcher": "ranks",
+    "run_local": "ranks",
+    "run_local_cli": "ranks",
+}
+
+__all__ = sorted(_EXPORTS, key=str.lower)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

@@ -1,5 +1,5 @@
 """`lockstep train` below its parser: one rank of an outer launch (torchrun, the deepspeed
-launcher, srun, mpirun, PMI: `lockstep.env.launcher` reads which), or, with none, `--nproc`
+launcher, srun, mpirun, PMI: `lockstep.launch.detect` reads which), or, with none, `--nproc`
 local ranks started here after the config and resume checks."""
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ class TrainOptions:
 
 def train(options: TrainOptions) -> int:
     """One rank of an outer launch, or `options.nproc` local ranks (the module's docstring)."""
-    from lockstep.env import launcher
     from lockstep.errors import EXIT_FAIL, UsageError
+    from lockstep.launch import detect
     from lockstep.train.config import load_config, require_config
 
     cfg = load_config(options.config, list(options.overrides))
     require_config(f"lockstep train {options.config}", cfg)  # before any rank starts
     out = Path(options.out)
-    info = launcher.adopt()  # sets RANK, MASTER_ADDR, ... for srun, mpirun and PMI too
+    info = detect.adopt()  # sets RANK, MASTER_ADDR, ... for srun, mpirun and PMI too
     if info is None:
         if options.nproc < 1:
             raise UsageError(f"--nproc {options.nproc}: need at least 1")

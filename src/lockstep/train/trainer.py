@@ -2,7 +2,7 @@
 
 It joins the default process group when one exists (a warm test worker, torchrun, the
 deepspeed launcher), else initializes one from the launcher's variables (read by
-`lockstep.env.launcher`: torchrun, srun, mpirun, PMI), else runs as a single process. Checks
+`lockstep.launch.detect`: torchrun, srun, mpirun, PMI), else runs as a single process. Checks
 build on `Trainer`: per-step metrics, a final parameter digest, and the full (unsharded)
 parameters and optimizer state of any engine.
 """
@@ -23,9 +23,8 @@ import torch
 import torch.distributed as dist
 
 from lockstep.alerts import Evaluator
-from lockstep.env import launcher
 from lockstep.errors import UsageError
-from lockstep.launch import rank_environment
+from lockstep.launch import detect, rank_environment
 from lockstep.redact import redact_mapping
 from lockstep.train import checkpoint
 from lockstep.train.config import RunConfig
@@ -78,7 +77,7 @@ def join_process_group(device: str) -> bool:
     if dist.is_initialized():
         return False
     backend = "nccl" if device == "cuda" else "gloo"
-    if launcher.adopt() is not None:  # torchrun, srun, mpirun, ...: env:// from its variables
+    if detect.adopt() is not None:  # torchrun, srun, mpirun, ...: env:// from its variables
         init_launched_group(backend, PG_TIMEOUT)  # under torchrun: a namespace per attempt
     else:  # a single process
         store = dist.HashStore()

@@ -1,7 +1,7 @@
 """The multi-node check-in's verdict, from plain data (no sockets, no store, no torch).
 
 Before torchrun's agents meet in the c10d rendezvous, every node of `lockstep preflight --nnodes
-N --node-rank K ...` checks what needs no peers and posts it to node 0 (`lockstep.env.nodes`
+N --node-rank K ...` checks what needs no peers and posts it to node 0 (`lockstep.preflight.nodes`
 does the I/O). `decide` turns what arrived into the one verdict every node prints: which node
 (hostname, node rank, the ranks it would start) failed and why, which never arrived.
 
@@ -10,8 +10,8 @@ A check-in is {"node": K, "host": hostname, "nproc": ranks it starts, "problems"
 
 from __future__ import annotations
 
-from lockstep.env.verdict import ranges
 from lockstep.errors import EXIT_FAIL, EXIT_OK, EXIT_TIMEOUT
+from lockstep.preflight.lines import ranges
 
 
 def node_ranks(node: int, nproc: int) -> list[int]:

@@ -1,41 +1,9 @@
-"""The multi-node check-in's pure parts: Slurm host lists both ways, and the verdict that names
-the nodes that cannot start (the I/O runs on the cluster bed: tests/cluster)."""
+"""The multi-node check-in's verdict, pure: it names the nodes that cannot start (the I/O runs
+on the cluster bed: tests/cluster)."""
 
 from __future__ import annotations
 
-import pytest
-
-from lockstep.env import hostlist, nodeverdict
-from lockstep.errors import UsageError
-
-
-@pytest.mark.parametrize(
-    ("spec", "hosts"),
-    [
-        ("ls[0-3]", ["ls0", "ls1", "ls2", "ls3"]),
-        ("gpu[07-09,12],cpu1", ["gpu07", "gpu08", "gpu09", "gpu12", "cpu1"]),
-        ("r[1-2]n[01-02]", ["r1n01", "r1n02", "r2n01", "r2n02"]),
-        ("node-a,node-b", ["node-a", "node-b"]),
-        ("n[8-10]", ["n8", "n9", "n10"]),
-    ],
-)
-def test_expand_and_compress_round_trip(spec, hosts):
-    assert hostlist.expand(spec) == hosts
-    assert hostlist.expand(hostlist.compress(hosts)) == hosts
-
-
-def test_compress_is_short():
-    assert hostlist.compress(["ls2", "ls0", "ls1", "ls2"]) == "ls[0-2]"
-    assert hostlist.compress(["ls3"]) == "ls3"
-    assert hostlist.compress(["gpu07", "gpu09", "login"]) == "gpu[07,09],login"
-
-
-@pytest.mark.parametrize(
-    "spec", ["", "ls[0-3", "ls0]", "ls[3-1]", "ls[a]", "ls[[0]]", "a,,b", "a b"]
-)
-def test_unreadable_host_lists_are_usage_errors(spec):
-    with pytest.raises(UsageError, match="host list"):
-        hostlist.expand(spec)
+from lockstep.preflight import node_verdict
 
 
 def checkin(node, host, *problems, nproc=2):
@@ -43,7 +11,7 @@ def checkin(node, host, *problems, nproc=2):
 
 
 def test_all_nodes_ready():
-    got = nodeverdict.decide(
+    got = node_verdict.decide(
         4, {k: checkin(k, f"ls{k}") for k in range(4)}, nproc=2, timeout_s=20, endpoint="ls0:1"
     )
     assert (
@@ -54,26 +22,26 @@ def test_all_nodes_ready():
 def test_a_node_that_cannot_resolve_itself_is_named_with_its_ranks():
     nodes = {k: checkin(k, f"ls{k}") for k in range(4)}
     nodes[2] = checkin(2, "ls2", "its hostname ls2 does not resolve (fix /etc/hosts or DNS there)")
-    got = nodeverdict.decide(4, nodes, nproc=2, timeout_s=20, endpoint="ls0:29401")
+    got = node_verdict.decide(4, nodes, nproc=2, timeout_s=20, endpoint="ls0:29401")
     assert got["exit_code"] == 1 and got["hosts"] == ["ls2"]
     assert "ls2 (node 2, ranks 4-5): its hostname ls2 does not resolve" in got["line"]
 
 
 def test_missing_nodes_are_named_with_the_ranks_they_would_start():
     nodes = {k: checkin(k, f"ls{k}") for k in (0, 1)}
-    got = nodeverdict.decide(4, nodes, nproc=2, timeout_s=8, endpoint="ls0:29401")
+    got = node_verdict.decide(4, nodes, nproc=2, timeout_s=8, endpoint="ls0:29401")
     assert got["exit_code"] == 3 and got["missing"] == [2, 3]
     assert "nodes 2-3 (ranks 4-7) never checked in within 8s at ls0:29401" in got["line"]
     # a failure and a missing node: the failure decides the exit code, both are named
     nodes[1] = checkin(1, "ls1", "GLOO_SOCKET_IFNAME names eth0, absent here (have lo, ib0)")
-    got = nodeverdict.decide(4, nodes, nproc=2, timeout_s=8, endpoint="ls0:29401")
+    got = node_verdict.decide(4, nodes, nproc=2, timeout_s=8, endpoint="ls0:29401")
     assert got["exit_code"] == 1 and "ls1 (node 1, ranks 2-3): GLOO" in got["line"]
     assert "never checked in" in got["line"]
 
 
 def test_a_node_rank_claimed_twice_is_named():
     nodes = {k: checkin(k, f"ls{k}") for k in range(2)}
-    got = nodeverdict.decide(
+    got = node_verdict.decide(
         2, nodes, nproc=1, timeout_s=8, endpoint="h:1", duplicates={1: ["another node"]}
     )
     assert got["exit_code"] == 1 and "node rank 1 claimed also by another node" in got["line"]

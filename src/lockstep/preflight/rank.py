@@ -21,13 +21,16 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from lockstep.env import collectives, compare, fingerprint, links, localchecks, report, verdict
-from lockstep.env.launcher import RankInfo
-from lockstep.env.nodes import reachable
-from lockstep.errors import CheckFailed, RankTimeout, UsageError
-from lockstep.redact import scrub_text
-
-_POLL_S = 0.05
+from lockstep.env import compare, fingerprint
+from lockstep.errors import CheckFailed, RankTimeout
+from lockstep.launch.detect import RankInfo
+from lockstep.preflight import collectives, report, verdict
+from lockstep.preflight.lines import first_line, ranges
+from lockstep.preflight.links import stage as link_stage
+from lockstep.preflight.links.layout import layout
+from lockstep.preflight.local import gpu, registry
+from lockstep.preflight.options import Options
+from lockstep.preflight.store import CheckIn, Store, connect
 
 
 @dataclass(frozen=True)
@@ -35,13 +38,18 @@ class _Job:
     """This rank's place in the preflight, once it has met its peers."""
 
     info: RankInfo
-    store: dist.Store  # the preflight's own prefix of the c10d store
+    store: Store  # the preflight's own prefix of the c10d store
+    checkin: CheckIn
     device: torch.device
-    timeout_s: float
+    options: Options
 
     @property
     def backend(self) -> str:
         return "nccl" if self.device.type == "cuda" else "gloo"
+
+    @property
+    def timeout_s(self) -> float:
+        return self.options.timeout
 
 
 @dataclass(frozen=True)
@@ -54,54 +62,52 @@ class _Gathered:
     sizes: tuple[int, ...]  # the all_reduce sizes timed (none for one rank)
 
 
-def run_rank(info: RankInfo, args) -> int:
+def run_rank(info: RankInfo, options: Options) -> int:
     started = time.perf_counter()
-    timeout = timedelta(seconds=args.timeout)
-    checks = localchecks.run_all(info, torch)
-    unreachable = [c for c in checks if c["name"] == "master_addr" and c["status"] == "fail"]
+    checks = registry.run_all(info, torch)
+    fatal = registry.fatal()
+    unreachable = [c for c in checks if c["name"] in fatal and c["status"] == "fail"]
     if unreachable:  # no way to meet the others; they will name this rank as missing
         raise CheckFailed(unreachable[0]["detail"])
-    index = localchecks.device_index(info, torch)
+    index = gpu.device_index(info, torch)
     device = torch.device("cuda", index) if index is not None else torch.device("cpu")
     identity = _identity(info, device, checks)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     # Before meeting peers, so a bad lock or image manifest ends every rank with exit 2 at once.
-    fp = fingerprint.collect(lock=Path(args.lock) if args.lock else None)
+    fp = fingerprint.collect(lock=Path(options.lock) if options.lock else None)
 
-    store = _connect(info, timeout)
-    job = _Job(info=info, store=store, device=device, timeout_s=args.timeout)
+    store = _connect(info, options.timeout)
+    job = _Job(info, store, CheckIn(store, "checkin"), device, options)
     try:
-        os.environ["LOCKSTEP_REDACT_SALT"] = _check_in(
-            store, info, identity, args.timeout, job.backend, args.json
-        )
+        os.environ["LOCKSTEP_REDACT_SALT"] = _check_in(job, identity)
         fingerprint.resalt(fp)  # one salt for the job: equal secrets hash equal on every rank
         dist.init_process_group(
             job.backend,
-            store=dist.PrefixStore("pg", store),
+            store=dist.PrefixStore("pg", store.raw),
             rank=info.rank,
             world_size=info.world_size,
-            timeout=timeout,
+            timeout=timedelta(seconds=options.timeout),
         )
-        ignored = compare.Ignored(args.allow)
+        ignored = compare.Ignored(options.allow)
         gathered = _exchange(job, fp, ignored)
-        link_stage = _links(job, args)
+        links = _links(job)
         if info.rank != 0:
             return _await_verdict(store, job.timeout_s)
-        return _decide(job, gathered, ignored, args, started, link_stage)
+        return _decide(job, gathered, ignored, started, links)
     except RuntimeError as err:  # torch.distributed's errors, timeouts included
         from lockstep.forensics import recorder
 
         # --nproc: every rank dumps (on a loaded 2-core machine the others needed over 3 s)
-        recorder.timed_out(f"preflight: {_first_line(err)}", wait=10.0)
-        silent = _silent_ranks(store, info, args.timeout)
+        recorder.timed_out(f"preflight: {first_line(err)}", wait=10.0)
+        silent = _silent_ranks(job)
         if silent:
             raise RankTimeout(
                 f"{silent} stopped answering during the preflight (link down, node lost or "
-                f"process killed): {_first_line(err)}"
+                f"process killed): {first_line(err)}"
             ) from None
         raise RankTimeout(
-            f"a peer failed or stalled during the preflight: {_first_line(err)}"
+            f"a peer failed or stalled during the preflight: {first_line(err)}"
         ) from None
     finally:
         if dist.is_initialized():
@@ -116,7 +122,7 @@ def _exchange(job: _Job, fp: dict, ignored: compare.Ignored) -> _Gathered:
     digests = [bytes(r.cpu().tolist()) for r in _all_gather(row.to(device))]
     groups = compare.group_ranks(digests)
     if job.info.rank in (g[0] for g in groups):
-        job.store.set(f"fp/{job.info.rank}", fingerprint.canonical_json(fp))
+        job.store.put_text(f"fp/{job.info.rank}", fingerprint.canonical_json(fp))
 
     ok = collectives.verify(dist, torch, device)
     sizes: tuple[int, ...] = ()  # one rank: no bandwidth to measure
@@ -129,25 +135,25 @@ def _exchange(job: _Job, fp: dict, ignored: compare.Ignored) -> _Gathered:
     return _Gathered(digests=digests, groups=groups, rows=rows, sizes=sizes)
 
 
-def _links(job: _Job, args):
-    """The link stage (issue 23): every rank measures its pairs (`links.run_stage`); rank 0
-    gets (layout, stage start) to judge later, or None. On by default when the ranks span more
-    than one host: the layout's all-gather (hostnames, one fixed-size tensor), which the stage
-    needs anyway, gives every rank the same answer (the check-in's identities are rank 0's
-    alone); a single-host job stops there, one all-gather of 65 integers later. `--links` runs
-    it on one host too (between its ranks), `--no-links` never. A rank starved of CPU would
-    read as a slow link (a clean 4-node x 2-rank srun launch on a 2-core machine at load ~14
-    named one at half speed): the stage measures each transfer's run-queue wait and leaves
-    starved links unjudged (`links.measure_pair`, `link_verdict.STARVED_FRACTION`,
+def _links(job: _Job):
+    """The link stage (issue 23): every rank measures its pairs (`links.stage.run_stage`);
+    rank 0 gets (layout, stage start) to judge later, or None. On by default when the ranks
+    span more than one host: the layout's all-gather (hostnames, one fixed-size tensor), which
+    the stage needs anyway, gives every rank the same answer (the check-in's identities are
+    rank 0's alone); a single-host job stops there, one all-gather of 65 integers later.
+    `--links` runs it on one host too (between its ranks), `--no-links` never. A rank starved
+    of CPU would read as a slow link (a clean 4-node x 2-rank srun launch on a 2-core machine
+    at load ~14 named one at half speed): the stage measures each transfer's run-queue wait
+    and leaves starved links unjudged (`links.bandwidth`, `links.stats.STARVED_FRACTION`,
     docs/benchmarks.md)."""
-    wanted = getattr(args, "links", None)
+    wanted = job.options.links
     if wanted is False or job.info.world_size < 2:
         return None
-    lay = links.layout(dist, torch, job.device, job.info.local_rank)
+    lay = layout(dist, torch, job.device, job.info.local_rank)
     if wanted is None and len(lay.hosts) < 2:
         return None
     started = time.monotonic()
-    lay = links.run_stage(
+    lay = link_stage.run_stage(
         dist,
         torch,
         job.device,
@@ -155,31 +161,31 @@ def _links(job: _Job, args):
         rank=job.info.rank,
         lay=lay,
         timeout_s=job.timeout_s,
-        min_link_gbps=getattr(args, "min_link_gbps", None),
+        min_link_gbps=job.options.min_link_gbps,
     )
     return lay, started
 
 
 def _decide(
-    job: _Job, gathered: _Gathered, ignored: compare.Ignored, args, started: float, link_stage=None
+    job: _Job, gathered: _Gathered, ignored: compare.Ignored, started: float, links=None
 ) -> int:
     """Rank 0: read identities and fingerprints from the store, judge, post and print."""
-    n, store = job.info.world_size, job.store
-    identities = [json.loads(store.get(f"checkin/{r}")) for r in range(n)]
+    n, store, options = job.info.world_size, job.store, job.options
+    identities = [job.checkin.read(r) for r in range(n)]
     link_section = None
-    if link_stage is not None:
-        link_section = links.collect(
+    if links is not None:
+        link_section = link_stage.collect(
             store,
-            link_stage[0],
+            links[0],
             world=n,
             identities=identities,
             timeout_s=job.timeout_s,
-            started=link_stage[1],
-            min_link_gbps=getattr(args, "min_link_gbps", None),
+            started=links[1],
+            min_link_gbps=options.min_link_gbps,
             judge_intra=job.device.type == "cuda",
-            nbytes=links.stage_bytes(job.device),
+            nbytes=link_stage.stage_bytes(job.device),
         )
-    fingerprints = {g[0]: json.loads(store.get(f"fp/{g[0]}")) for g in gathered.groups}
+    fingerprints = {g[0]: store.get(f"fp/{g[0]}") for g in gathered.groups}
     result = verdict.build_report(
         launcher=job.info.launcher,
         backend=job.backend,
@@ -191,17 +197,18 @@ def _decide(
             for row, ident in zip(gathered.rows, identities, strict=True)
         ],
         sizes=gathered.sizes,
-        min_busbw=args.min_busbw,
-        lock_required=args.lock is not None,
+        min_busbw=options.min_busbw,
+        lock_required=options.lock is not None,
         links=link_section,
     )
     result["elapsed_s"] = round(time.perf_counter() - started, 3)  # rank 0, after import torch
-    store.set("verdict", str(result["exit_code"]))
-    report.emit(result, json_path=Path(args.json) if args.json else None)
+    verdict_board = CheckIn(store, "verdict")
+    verdict_board.answer(result["exit_code"])
+    report.emit(result, json_path=Path(options.json) if options.json else None)
     if link_section is not None:
-        links.write_outputs(link_section, args)
+        link_stage.write_outputs(link_section, exclude_out=options.exclude_out, plot=options.plot)
     silent = len(link_section["silent_ranks"]) if link_section else 0
-    _linger(store, "verdict/read", n - 1 - silent, job.timeout_s)
+    verdict_board.linger(n - 1 - silent, job.timeout_s)
     return result["exit_code"]
 
 
@@ -228,10 +235,12 @@ def _all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _identity(info: RankInfo, device: torch.device, checks: list[dict]) -> dict:
-    gpu = None
+    """What this rank tells the others at the check-in: who and where it is, its GPU, its
+    local checks."""
+    gpu_info = None
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        gpu = {
+        gpu_info = {
             "index": device.index,
             "name": props.name,
             "uuid": str(getattr(props, "uuid", "")).removeprefix("GPU-") or None,
@@ -244,7 +253,7 @@ def _identity(info: RankInfo, device: torch.device, checks: list[dict]) -> dict:
         "local_rank": info.local_rank,
         "launcher": info.launcher,
         "world_size": info.world_size,
-        "gpu": gpu,
+        "gpu": gpu_info,
         "checks": checks,
     }
 
@@ -260,31 +269,26 @@ def _address(info: RankInfo) -> str | None:
         return None
 
 
-def _connect(info: RankInfo, timeout: timedelta) -> dist.Store:
-    """The c10d TCPStore: rank 0 serves it unless torchrun's agent already does."""
+def _connect(info: RankInfo, timeout_s: float) -> Store:
+    """The c10d TCPStore: rank 0 serves it unless torchrun's agent already does; this job's
+    prefix of it."""
     serve = info.rank == 0 and not info.agent_store
     where = f"{info.master_addr}:{info.master_port}"
-    if not serve and not reachable(info.master_addr, info.master_port, timeout.total_seconds()):
-        raise RankTimeout(
-            f"rank 0 missing: nothing answered at MASTER_ADDR:MASTER_PORT={where} within "
-            f"{timeout.total_seconds():g}s (rank 0 not started, wrong address, or a firewall)"
-        )
-    try:
-        store = dist.TCPStore(
-            info.master_addr,
-            info.master_port,
-            is_master=serve,
-            timeout=timeout,
-            wait_for_workers=False,
-            multi_tenant=serve,
-        )
-    except RuntimeError as err:
-        if serve:
-            raise UsageError(
-                f"rank 0 cannot serve the store on {where}: {_first_line(err)}"
-            ) from None
-        raise RankTimeout(f"the store at {where} stopped answering: {_first_line(err)}") from None
-    return dist.PrefixStore(f"lockstep/preflight/{_run_id()}", store)
+    store = connect(
+        info.master_addr,
+        info.master_port,
+        serve=serve,
+        timeout_s=timeout_s,
+        reach_s=timeout_s,
+        multi_tenant=serve,
+        messages={
+            "unreachable": f"rank 0 missing: nothing answered at MASTER_ADDR:MASTER_PORT={where} "
+            f"within {timeout_s:g}s (rank 0 not started, wrong address, or a firewall)",
+            "cannot_serve": f"rank 0 cannot serve the store on {where}",
+            "name": "the store",
+        },
+    )
+    return store.prefixed(f"lockstep/preflight/{_run_id()}")
 
 
 def _run_id() -> str:
@@ -294,99 +298,75 @@ def _run_id() -> str:
     return f"{env.get('SLURM_JOB_ID', '')}.{env.get('SLURM_STEP_ID', '')}"
 
 
-def _check_in(
-    store,
-    info: RankInfo,
-    identity: dict,
-    timeout_s: float,
-    backend: str = "gloo",
-    json_path: str | None = None,
-) -> str:
-    """Every rank posts its identity; rank 0 waits `timeout_s` for all, then answers all.
+def _check_in(job: _Job, identity: dict) -> str:
+    """Every rank posts its identity; rank 0 waits `--timeout` for all, then answers all.
     A local check that would break the process group on some node (its hostname does not
     resolve, GLOO/NCCL_SOCKET_IFNAME names an absent interface) ends every rank here with the
-    nodes and ranks named (`verdict.blocking`), before any collective could hang on it."""
-    store.set(f"checkin/{info.rank}", json.dumps(identity))
-    store.add("checkin/count", 1)
+    nodes and ranks named (`verdict.blocking`), before any collective could hang on it. The
+    answer carries the job's redaction salt."""
+    info, timeout_s, checkin = job.info, job.timeout_s, job.checkin
+    checkin.post(info.rank, identity, who=socket.gethostname())
     if info.rank == 0:
-        deadline = time.monotonic() + timeout_s
-        while store.add("checkin/count", 0) < info.world_size and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
-        missing = [r for r in range(info.world_size) if not store.check([f"checkin/{r}"])]
+        posted = checkin.gather(info.world_size, time.monotonic() + timeout_s)
+        missing = [r for r in range(info.world_size) if r not in posted]
         answer = {"missing": missing, "salt": secrets.token_hex(8), "blocked": None}
         if not missing:
-            identities = [json.loads(store.get(f"checkin/{r}")) for r in range(info.world_size)]
-            blocked = verdict.blocking(identities, info.launcher, backend)
+            identities = [posted[r] for r in range(info.world_size)]
+            names = registry.blocking(job.backend)
+            blocked = verdict.blocking(identities, info.launcher, job.backend, names)
             if blocked:
                 answer["blocked"] = blocked["line"]
-                if json_path:
-                    Path(json_path).write_text(json.dumps(blocked, indent=2, sort_keys=True) + "\n")
-        store.set("checkin/done", json.dumps(answer))
+                if job.options.json:
+                    text = json.dumps(blocked, indent=2, sort_keys=True) + "\n"
+                    Path(job.options.json).write_text(text)
+        checkin.answer(answer)
         if missing or answer["blocked"]:  # about to exit: let the ranks that did arrive read why
-            _linger(store, "checkin/read", info.world_size - len(missing) - 1, timeout_s)
+            checkin.linger(info.world_size - len(missing) - 1, timeout_s)
     else:
-        try:
-            store.wait(["checkin/done"], timedelta(seconds=timeout_s + 10))
-        except RuntimeError:
+        answer = checkin.await_answer(timeout_s + 10)
+        if answer is None:
             raise RankTimeout(
                 f"rank 0 gave no check-in answer within {timeout_s + 10:g}s; it stalled or died"
-            ) from None
-        answer = json.loads(store.get("checkin/done"))
-        store.add("checkin/read", 1)
+            )
     if answer.get("blocked"):
         raise CheckFailed(answer["blocked"])
     if answer["missing"]:
         raise RankTimeout(
             f"rank{'s' if len(answer['missing']) > 1 else ''} "
-            f"{verdict.ranges(answer['missing'])} of {info.world_size} never checked in within "
+            f"{ranges(answer['missing'])} of {info.world_size} never checked in within "
             f"{timeout_s:g}s (not started, crashed, or launched with another MASTER_ADDR/PORT)"
         )
     return answer["salt"]
 
 
-def _silent_ranks(store, info: RankInfo, timeout_s: float) -> str | None:
+def _silent_ranks(job: _Job) -> str | None:
     """After a collective failed: every rank that can still reach the store says so, and
-    waits up to `timeout_s` for the others (each gave up on its own collective's timeout);
+    waits up to `--timeout` for the others (each gave up on its own collective's timeout);
     the ranks that never say so, with their hosts and addresses from the check-in, are the
     ones cut off: `ranks 4-5 on ls2 (10.0.0.3)`. None where the store is gone too."""
+    store, info = job.store, job.info
     try:
-        store.set(f"abort/{info.rank}", "1")
-        store.add("abort/count", 1)
-        deadline = time.monotonic() + timeout_s
-        while store.add("abort/count", 0) < info.world_size and time.monotonic() < deadline:
-            time.sleep(_POLL_S * 4)
-        silent = [r for r in range(info.world_size) if not store.check([f"abort/{r}"])]
+        store.put(f"abort/{info.rank}", 1)
+        store.add("abort/count")
+        deadline = time.monotonic() + job.timeout_s
+        store.wait_count("abort/count", info.world_size, deadline, every=0.2)
+        silent = [r for r in range(info.world_size) if not store.has(f"abort/{r}")]
         if not silent:
             return None
         hosts: dict[str, list[int]] = {}
         for r in silent:
-            ident = json.loads(store.get(f"checkin/{r}"))
+            ident = job.checkin.read(r)
             where = ident["host"] + (f" ({ident['address']})" if ident.get("address") else "")
             hosts.setdefault(where, []).append(r)
     except (RuntimeError, ValueError):
         return None
     return "; ".join(
-        f"rank{'s' if len(rs) > 1 else ''} {verdict.ranges(rs)} on {where}"
-        for where, rs in hosts.items()
+        f"rank{'s' if len(rs) > 1 else ''} {ranges(rs)} on {where}" for where, rs in hosts.items()
     )
 
 
-def _await_verdict(store, timeout_s: float) -> int:
-    try:
-        store.wait(["verdict"], timedelta(seconds=timeout_s))
-    except RuntimeError:
-        raise RankTimeout(f"rank 0 sent no verdict within {timeout_s:g}s") from None
-    code = int(store.get("verdict"))
-    store.add("verdict/read", 1)
-    return code
-
-
-def _linger(store, key: str, readers: int, within_s: float) -> None:
-    """Keep rank 0, and the store it may serve, up until `readers` ranks have read its answer."""
-    deadline = time.monotonic() + within_s
-    while store.add(key, 0) < readers and time.monotonic() < deadline:
-        time.sleep(_POLL_S)
-
-
-def _first_line(err: BaseException) -> str:
-    return scrub_text((str(err).strip().splitlines() or [repr(err)])[0])
+def _await_verdict(store: Store, timeout_s: float) -> int:
+    code = CheckIn(store, "verdict").await_answer(timeout_s)
+    if code is None:
+        raise RankTimeout(f"rank 0 sent no verdict within {timeout_s:g}s")
+    return int(code)

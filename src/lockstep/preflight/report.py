@@ -9,16 +9,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from lockstep.env.summary import cell
 from lockstep.redact import scrub_text
 from lockstep.summary_md import md_cell, step_summary
-
-
-def cell(value: object) -> str:
-    """Scrubbed, with rich markup escaped: values like `[W]` are text, not styles."""
-    from rich.markup import escape
-
-    return escape(scrub_text(str(value)))
-
 
 _STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 

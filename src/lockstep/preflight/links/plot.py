@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lockstep.env.link_verdict import matrix, merge_rails
+from lockstep.preflight.links.stats import matrix, merge_rails
 
 _LABELS_MAX = 64  # host names on the axes up to this many nodes
 

@@ -12,7 +12,7 @@ node list and a port derived from the job id, so every rank computes the same pa
 DeepSpeed's CROSS_RANK, SLURM_NODEID); Open MPI has no such variable (its
 OMPI_COMM_WORLD_NODE_RANK is the process's rank *on* its node, 0 and 1 on every node of
 `mpirun -H a:2,b:2`), so there it is None and preflight groups ranks by hostname. The tables in
-tests/env/data/ were recorded from the real launchers (lockstep.cluster.record).
+tests/launch/data/ were recorded from the real launchers (lockstep.cluster.record).
 `adopt()` also writes the result as torch.distributed's `env://` variables.
 """
 
@@ -235,7 +235,7 @@ def _check_slurm_layout(world_size: int, env: Mapping[str, str]) -> None:
     )
     if nodelist_var is None:
         return
-    from lockstep.env.hostlist import HostlistError, expand
+    from lockstep.launch.hostlist import HostlistError, expand
 
     try:
         hosts = expand(env[nodelist_var])
@@ -313,7 +313,7 @@ def _rendezvous(launcher: str, env: Mapping[str, str]) -> tuple[str, int]:
 
 def first_host(nodelist: str) -> str:
     """The first host of a Slurm host list: `gpu[03-05,09],cpu1` -> `gpu03`."""
-    from lockstep.env.hostlist import HostlistError, expand
+    from lockstep.launch.hostlist import HostlistError, expand
 
     try:
         return expand(nodelist)[0]

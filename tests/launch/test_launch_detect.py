@@ -1,51 +1,26 @@
 """Launcher recognition: each launcher's variables, half-set and contradictory ones (no torch).
 
 Slurm's, Open MPI's and torchrun's variables come from tables recorded from the real launchers
-on a 4-node test bed (tests/env/data/launcher_vars_*.json, `python -m lockstep.cluster.record
-tests/env/data`: srun -N4 --ntasks-per-node 2, mpirun -H ls0:2,ls1:2,ls2:2,ls3:2, torchrun
---nnodes 4 --nproc-per-node 2), never written by hand; DeepSpeed's, MVAPICH's and PMI's are.
+on a 4-node test bed (`support.launches`, tests/launch/data/); DeepSpeed's, MVAPICH's and
+PMI's are written here.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from collections import defaultdict
-from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from lockstep.cli import main
-from lockstep.env.launcher import (
+from lockstep.errors import UsageError
+from lockstep.launch.detect import (
     LAUNCHER_VARIABLES,
     PER_RANK_VARIABLES,
     detect,
     expand_tasks_per_node,
     first_host,
 )
-from lockstep.errors import UsageError
-
-DATA = Path(__file__).resolve().parent / "data"
-MASTER = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
-CONFIG = str(Path(__file__).resolve().parents[2] / "smoke" / "cpu-ddp.toml")
-RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-RECORDED = {"slurm": "slurm", "openmpi": "openmpi", "torchrun": "torchelastic"}
-
-
-def recorded(launcher: str) -> dict:
-    return json.loads((DATA / f"launcher_vars_{launcher}.json").read_text())
-
-
-def recorded_rank(launcher: str, rank: int) -> dict[str, str]:
-    return dict(recorded(launcher)["ranks"][rank]["env"])
-
-
-# rank 3 of the real `srun -N4 --ntasks-per-node 2` (on ls1), no MASTER_ADDR/MASTER_PORT
-SRUN = recorded_rank("slurm", 3)
-# rank 2 of the real `mpirun -H ls0:2,ls1:2,ls2:2,ls3:2 -x MASTER_ADDR -x MASTER_PORT` (on ls1)
-MPIRUN = recorded_rank("openmpi", 2)
+from support.launches import KUBEFLOW_V1, MASTER, RECORDED, SLURM_RANK, recorded, recorded_rank
 
 
 @pytest.mark.parametrize("launcher", sorted(RECORDED))
@@ -238,116 +213,10 @@ def test_half_set_or_contradictory_variables_are_named(env, named):
         detect(env)
 
 
-def test_cli_half_set_exits_2_with_one_line(monkeypatch, capsys):
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("RANK", "0")
-    assert main(["preflight"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "WORLD_SIZE" in err and err.startswith("lockstep: error:")
-
-
-def test_nproc_under_a_launcher_is_a_usage_error(monkeypatch, capsys):
-    for key, value in {"RANK": "0", "WORLD_SIZE": "1", **MASTER}.items():
-        monkeypatch.setenv(key, value)
-    assert main(["preflight", "--nproc", "2"]) == 2
-    assert "--nproc" in capsys.readouterr().err
-
-
 def test_slurm_host_list_helpers():
     assert first_host("node1") == "node1"
     assert first_host("a[3-4]") == "a3"
     assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
-
-
-@pytest.fixture
-def launched(monkeypatch):
-    """`launch(env)`: this process as one rank of that launch (every other launcher variable
-    unset); the environment, which `train` writes into, is put back afterwards."""
-    saved = dict(os.environ)
-
-    def launch(env: dict[str, str]) -> None:
-        for name in {*LAUNCHER_VARIABLES, "TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE"}:
-            os.environ.pop(name, None)
-        os.environ.update(env)
-
-    yield launch
-    os.environ.clear()
-    os.environ.update(saved)
-
-
-def preflight_rendezvous(monkeypatch) -> dict[str, str]:
-    """What `lockstep preflight` would connect to under the current launcher."""
-    from lockstep.env import preflight
-
-    seen = {}
-
-    def run_rank(info, args):
-        seen.update(RANK=info.rank, WORLD_SIZE=info.world_size, LOCAL_RANK=info.local_rank)
-        seen.update(MASTER_ADDR=info.master_addr, MASTER_PORT=info.master_port)
-        return 0
-
-    monkeypatch.setattr(preflight, "run_rank", run_rank)
-    assert main(["preflight"]) == 0
-    return {k: str(v) for k, v in seen.items()}
-
-
-def train_rendezvous(monkeypatch, tmp_path) -> dict[str, str]:
-    """The env:// variables `lockstep train` leaves for its process group under the current
-    launcher (`init_process_group` reads exactly these)."""
-    from lockstep.train import trainer
-
-    seen = {}
-
-    def run_training(cfg, out):
-        seen.update({name: os.environ.get(name) for name in RENDEZVOUS})
-        return SimpleNamespace(stopped_by=None, summary=lambda: "ok")
-
-    monkeypatch.setattr(trainer, "run_training", run_training)
-    assert main(["train", CONFIG, "--out", str(tmp_path)]) == 0
-    return seen
-
-
-def test_preflight_and_train_meet_at_the_same_slurm_rendezvous(launched, monkeypatch, tmp_path):
-    launched(SRUN)
-    checked = preflight_rendezvous(monkeypatch)
-    trained = train_rendezvous(monkeypatch, tmp_path)
-    assert trained == checked
-    port = str(15000 + int(SRUN["SLURM_JOB_ID"]) % 20000)
-    assert checked == dict(
-        RANK="3", WORLD_SIZE="8", LOCAL_RANK="1", MASTER_ADDR="ls0", MASTER_PORT=port
-    )
-
-
-def test_train_under_mpirun_takes_ranks_from_open_mpi(launched, monkeypatch, tmp_path):
-    launched(MPIRUN)
-    trained = train_rendezvous(monkeypatch, tmp_path)
-    master = {"MASTER_ADDR": "ls0", "MASTER_PORT": "29500"}  # mpirun -x, as recorded
-    assert trained == dict(RANK="2", WORLD_SIZE="8", LOCAL_RANK="0", **master)
-    assert trained == preflight_rendezvous(monkeypatch)
-
-
-def test_train_under_half_set_mpirun_names_the_missing_variable(launched, capsys):
-    launched({k: v for k, v in MPIRUN.items() if k != "MASTER_ADDR"})
-    assert main(["train", CONFIG]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and err.startswith("lockstep: error: openmpi launch needs")
-    assert "MASTER_ADDR" in err and "Traceback" not in err
-
-
-SLURM_RANK = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_ID": "7"}
-KUBEFLOW_V1 = {  # what training-operator v1's setPodEnv gives worker 0 of 1 master + 3 workers
-    "MASTER_ADDR": "job-master-0",
-    "MASTER_PORT": "23456",
-    "PET_MASTER_ADDR": "job-master-0",
-    "PET_MASTER_PORT": "23456",
-    "WORLD_SIZE": "8",
-    "RANK": "1",
-    "PET_NODE_RANK": "1",
-    "PET_NPROC_PER_NODE": "2",
-    "PET_NNODES": "4",
-    "PYTHONUNBUFFERED": "0",
-}
 
 
 @pytest.mark.parametrize(
@@ -389,65 +258,3 @@ def test_kubeflow_variables_that_agree_pass():
     env = {**KUBEFLOW_V1, "TORCHELASTIC_RUN_ID": "x", "RANK": "3", "LOCAL_RANK": "1"}
     info = detect({**env, "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"})
     assert (info.launcher, info.rank, info.node_rank) == ("torchelastic", 3, 1)
-
-
-@pytest.mark.parametrize(
-    "env",
-    [
-        {"SLURM_PROCID": "0"},
-        {**SLURM_RANK, "SLURM_NTASKS": "8", "SLURM_STEP_NODELIST": "ls[0-3"},
-        {
-            **SLURM_RANK,
-            "SLURM_NTASKS": "5",
-            "SLURM_STEP_NODELIST": "ls[0-3]",
-            "SLURM_STEP_TASKS_PER_NODE": "2(x4)",
-        },
-        KUBEFLOW_V1,
-    ],
-)
-def test_cli_bad_cluster_input_exits_2_with_one_line(env, monkeypatch, capsys):
-    for name in {*LAUNCHER_VARIABLES, "TORCHELASTIC_RUN_ID", *KUBEFLOW_V1}:
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    assert main(["preflight"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and err.startswith("lockstep: error:"), err
-
-
-def test_kubeflow_trainer_variables_are_the_multinode_flags(monkeypatch):
-    from lockstep.env.cli import _multinode
-
-    for name in {*LAUNCHER_VARIABLES, "TORCHELASTIC_RUN_ID", *KUBEFLOW_V1}:
-        monkeypatch.delenv(name, raising=False)
-    trainer = {"PET_NNODES": "4", "PET_NPROC_PER_NODE": "2", "PET_NODE_RANK": "3",
-               "PET_MASTER_ADDR": "job-node-0-0.job", "PET_MASTER_PORT": "29400"}  # fmt: skip
-    for name, value in trainer.items():
-        monkeypatch.setenv(name, value)
-    args = SimpleNamespace(
-        nnodes=None, node_rank=None, nproc_per_node=None, rdzv_endpoint=None, nproc=None
-    )
-    assert _multinode(args)
-    assert (args.nnodes, args.node_rank, args.nproc_per_node) == (4, 3, 2)
-    assert args.rdzv_endpoint == "job-node-0-0.job:29400"
-
-
-@pytest.mark.parametrize(
-    ("argv", "named"),
-    [
-        (["--node-rank", "1"], "add --nnodes"),
-        (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], "not below"),
-        (["--nnodes", "2", "--node-rank", "0"], "--rdzv-endpoint"),
-        (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h"], "HOST:PORT"),
-        (
-            ["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:1", "--nproc", "2"],
-            "--nproc-per-node",
-        ),
-    ],
-)
-def test_multinode_flags_misused_exit_2(argv, named, monkeypatch, capsys):
-    for name in {*LAUNCHER_VARIABLES, "TORCHELASTIC_RUN_ID", *KUBEFLOW_V1}:
-        monkeypatch.delenv(name, raising=False)
-    assert main(["preflight", *argv]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and named in err, err

@@ -3,7 +3,7 @@
 Rank 0 gathers what every rank found (its identity with its local checks, its measurements)
 and the comparison of fingerprints (`compare.compare_ranks`); `build_report` turns them into
 the report: every finding, the one-line problems that make it fail, and the one line that says
-what a passing preflight compared. How the data travels between ranks is `preflight`'s part.
+what a passing preflight compared. How the data travels between ranks is `rank`'s part.
 
 A rank's measurements are a dict:
     {"collectives": {"all_reduce": True, ...}, "allreduce_seconds": [s per size, ...],
@@ -12,8 +12,9 @@ A rank's measurements are a dict:
 
 from __future__ import annotations
 
-from lockstep.env.collectives import COLLECTIVES, busbw_gbps
 from lockstep.errors import EXIT_FAIL, EXIT_OK, EXIT_TIMEOUT
+from lockstep.preflight.collectives import COLLECTIVES, busbw_gbps
+from lockstep.preflight.lines import ranges
 
 REPORT_SCHEMA = 1
 _FIELDS_SHOWN = 5
@@ -34,11 +35,9 @@ def build_report(
     links: dict | None = None,
 ) -> dict:
     """Rank 0's verdict; `identities` and `measurements` are indexed by rank; `links`: the link
-    stage's section (`link_verdict.assess`), or None when it did not run."""
-    n = len(identities)
+    stage's section (`links.verdict.assess`), or None when it did not run."""
     problems: list[str] = []
     warnings: list[str] = []
-
     checks = merge_checks(identities)
     for check in checks:
         line = check_line(check, identities)
@@ -46,7 +45,50 @@ def build_report(
             problems.append(line)
         elif check["status"] == "warn":
             warnings.append(line)
+    _comparison_lines(comparison, fingerprints, lock_required, problems, warnings)
+    coll = collectives(measurements)
+    problems += [
+        f"{name} returned wrong values on rank {ranges(c['failed_ranks'])}"
+        for name, c in coll.items()
+        if c["failed_ranks"]
+    ]
+    bw = bandwidth(measurements, sizes, min_busbw)
+    if bw.get("below_min"):
+        problems.append(bw["below_min"])
+    mm = matmul(measurements, identities)
+    if mm["status"] == "fail":
+        problems.append(mm["detail"])
+    result = {
+        "schema": REPORT_SCHEMA,
+        "ok": not problems,
+        "exit_code": EXIT_FAIL if problems else EXIT_OK,
+        "launcher": launcher,
+        "backend": backend,
+        "world_size": len(identities),
+        "compared": compared_line(comparison, fingerprints),
+        "nodes": nodes(identities, addresses=True),
+        "problems": problems,
+        "failed_hosts": failed_hosts(identities, checks, comparison, coll, mm),
+        "warnings": warnings,
+        "checks": checks,
+        "comparison": comparison,
+        "collectives": coll,
+        "bandwidth": bw,
+        "matmul": mm,
+        "fingerprints": {str(rank): fp for rank, fp in fingerprints.items()},
+    }
+    return with_findings(result, links)
 
+
+def _comparison_lines(
+    comparison: dict,
+    fingerprints: dict[int, dict],
+    lock_required: bool,
+    problems: list[str],
+    warnings: list[str],
+) -> None:
+    """The fingerprint comparison's findings: outliers, shared GPUs, a lock not matched (a
+    problem with --lock, else a warning)."""
     for outlier in comparison["outliers"]:
         problems.append(outlier_line(outlier))
     for dup in comparison["duplicate_gpus"]:
@@ -63,66 +105,41 @@ def build_report(
             )
             (problems if lock_required else warnings).append(line)
 
-    coll = {}
+
+def collectives(measurements: list[dict]) -> dict[str, dict]:
+    """Per collective: whether every rank got the right values, and the ranks that did not."""
+    out = {}
     for name in COLLECTIVES:
-        failed = [r for r in range(n) if not measurements[r]["collectives"][name]]
-        coll[name] = {"ok": not failed, "failed_ranks": failed}
-        if failed:
-            problems.append(f"{name} returned wrong values on rank {ranges(failed)}")
+        failed = [r for r, m in enumerate(measurements) if not m["collectives"][name]]
+        out[name] = {"ok": not failed, "failed_ranks": failed}
+    return out
 
-    bw = bandwidth(measurements, sizes, min_busbw)
-    if bw.get("below_min"):
-        problems.append(bw["below_min"])
-    mm = matmul(measurements, identities)
-    if mm["status"] == "fail":
-        problems.append(mm["detail"])
 
-    nodes: dict[tuple, list[int]] = {}
-    addresses: dict[tuple, list[str]] = {}
+def nodes(identities: list[dict], addresses: bool = False) -> list[dict]:
+    """The report's nodes, ordered by their first rank: node index, host, ranks, and with
+    `addresses` the addresses its ranks reach MASTER_ADDR from (where known)."""
+    ranks: dict[tuple, list[int]] = {}
+    seen: dict[tuple, list[str]] = {}
     for ident in identities:
-        nodes.setdefault((ident["node"], ident["host"]), []).append(ident["rank"])
-        if ident.get("address"):  # reports from before 'address' have none
-            where = addresses.setdefault((ident["node"], ident["host"]), [])
+        ranks.setdefault((ident["node"], ident["host"]), []).append(ident["rank"])
+        if addresses and ident.get("address"):  # reports from before 'address' have none
+            where = seen.setdefault((ident["node"], ident["host"]), [])
             where += [ident["address"]] if ident["address"] not in where else []
-    result = {
-        "schema": REPORT_SCHEMA,
-        "ok": not problems,
-        "exit_code": EXIT_FAIL if problems else EXIT_OK,
-        "launcher": launcher,
-        "backend": backend,
-        "world_size": n,
-        "compared": compared_line(comparison, fingerprints),
-        "nodes": [
-            {"node": node, "host": host, "ranks": ranks}
-            | ({"addresses": addresses[node, host]} if (node, host) in addresses else {})
-            for (node, host), ranks in sorted(nodes.items(), key=lambda kv: kv[1][0])
-        ],
-        "problems": problems,
-        "failed_hosts": failed_hosts(identities, checks, comparison, coll, mm),
-        "warnings": warnings,
-        "checks": checks,
-        "comparison": comparison,
-        "collectives": coll,
-        "bandwidth": bw,
-        "matmul": mm,
-        "fingerprints": {str(rank): fp for rank, fp in fingerprints.items()},
-    }
-    return with_findings(result, links)
+    return [
+        {"node": node, "host": host, "ranks": rs}
+        | ({"addresses": seen[node, host]} if (node, host) in seen else {})
+        for (node, host), rs in sorted(ranks.items(), key=lambda kv: kv[1][0])
+    ]
 
 
-# Local checks whose failure breaks the process group itself on that node: gloo and NCCL pick
-# their address from the hostname or the named interfaces, so the other ranks would only see
-# a timeout. A failure of one of these stops the preflight at the check-in.
-BLOCKING = {
-    "gloo": ("hostname", "gloo_socket_ifname"),
-    "nccl": ("hostname", "nccl_socket_ifname"),
-}
-
-
-def blocking(identities: list[dict], launcher: str, backend: str) -> dict | None:
+def blocking(
+    identities: list[dict], launcher: str, backend: str, names: tuple[str, ...]
+) -> dict | None:
     """The report of a preflight that stops at the check-in, or None: one problem per failed
-    blocking check, naming its hosts and ranks (`check_line`)."""
-    names = BLOCKING.get(backend, ())
+    blocking check, naming its hosts and ranks (`check_line`). `names`: the local checks
+    whose failure breaks the process group itself on that node (gloo and NCCL pick their
+    address from the hostname or the named interfaces, so the other ranks would only see a
+    timeout: `local.registry.blocking(backend)`)."""
     failed = [c for c in merge_checks(identities) if c["status"] == "fail" and c["name"] in names]
     if not failed:
         return None
@@ -139,7 +156,7 @@ def blocking(identities: list[dict], launcher: str, backend: str) -> dict | None
         "problems": problems,
         "failed_hosts": hosts,
         "checks": merge_checks(identities),
-        "nodes": _nodes(identities),
+        "nodes": nodes(identities),
         "line": "preflight stopped at the check-in: " + " | ".join(problems),
     }
 
@@ -168,16 +185,6 @@ def check_line(check: dict, identities: list[dict]) -> str:
         else f"on rank {ranges(check['ranks'])}"
     )
     return f"{check['name']} {where}: {check['detail']}"
-
-
-def _nodes(identities: list[dict]) -> list[dict]:
-    nodes: dict[tuple, list[int]] = {}
-    for ident in identities:
-        nodes.setdefault((ident["node"], ident["host"]), []).append(ident["rank"])
-    return [
-        {"node": node, "host": host, "ranks": ranks}
-        for (node, host), ranks in sorted(nodes.items(), key=lambda kv: kv[1][0])
-    ]
 
 
 def with_findings(result: dict, links: dict | None) -> dict:
@@ -334,17 +341,6 @@ def matmul(measurements: list[dict], identities: list[dict]) -> dict:
             "odd_ranks": sorted(odd),
         }
     return {"status": "ok", "detail": f"identical on {len(by_model)} GPU model(s)", "odd_ranks": []}
-
-
-def ranges(ranks: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5': rank lists stay short at 1000 ranks."""
-    parts: list[tuple[int, int]] = []
-    for r in sorted(ranks):
-        if parts and parts[-1][1] == r - 1:
-            parts[-1] = (parts[-1][0], r)
-        else:
-            parts.append((r, r))
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
 
 
 def _lock(fingerprint: dict) -> dict | None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from lockstep.env.collectives import COLLECTIVES
-from lockstep.env.verdict import blocking, build_report, merge_checks, ranges
 from lockstep.errors import EXIT_FAIL, EXIT_OK
+from lockstep.preflight.collectives import COLLECTIVES
+from lockstep.preflight.lines import ranges
+from lockstep.preflight.local.registry import blocking as blocking_checks
+from lockstep.preflight.verdict import blocking, build_report, merge_checks
 
 SIZES = (256 << 10, 4 << 20)
 LOCK = {
@@ -184,28 +186,30 @@ def test_a_blocking_local_check_names_hosts_and_ranks_and_stops_at_check_in():
         idents[r]["checks"] = [bad_host]
     for r in (6, 7):
         idents[r]["checks"] = [*ok, bad_if]
-    got = blocking(idents, "slurm", "gloo")
+    got = blocking(idents, "slurm", "gloo", blocking_checks("gloo"))
     assert got["exit_code"] == 1 and got["failed_hosts"] == ["ls2", "ls3"]
     assert "hostname on ls2 rank 4-5: own hostname 'ls2' does not resolve" in got["line"]
     assert "gloo_socket_ifname on ls3 rank 6-7: GLOO_SOCKET_IFNAME names eth0" in got["line"]
-    assert blocking(idents, "slurm", "nccl")["failed_hosts"] == ["ls2"]
-    assert blocking([identity(r, checks=ok) for r in range(2)], "slurm", "gloo") is None
+    assert blocking(idents, "slurm", "nccl", blocking_checks("nccl"))["failed_hosts"] == ["ls2"]
+    passing = [identity(r, checks=ok) for r in range(2)]
+    assert blocking(passing, "slurm", "gloo", blocking_checks("gloo")) is None
 
 
 def test_the_link_stages_exclude_list_joins_failed_hosts():
     """docs/slurm.md requeues without `failed_hosts`: a slow node the link stage named is in it,
     after the hosts of the other findings."""
-    from lockstep.env import link_verdict
+    from lockstep.preflight.links.schedule import round_robin
+    from lockstep.preflight.links.section import assess
 
     hosts = ["ls0", "ls1", "ls2", "ls3"]
     cross = [
         {"a": a, "b": b, "rail": 0, "ranks": [a, b], "round": k,
          "gbps": 0.2 if 2 in (a, b) else 0.96}
-        for k, pairs in enumerate(link_verdict.round_robin(4))
+        for k, pairs in enumerate(round_robin(4))
         for a, b in pairs
     ]  # fmt: skip
-    links = link_verdict.assess(hosts=hosts, ranks=[[k] for k in range(4)], local=[0] * 4,
-                                cross=cross, timeout_s=5)  # fmt: skip
+    links = assess(hosts=hosts, ranks=[[k] for k in range(4)], local=[0] * 4,
+                   cross=cross, timeout_s=5)  # fmt: skip
     ids = [identity(r, host=h) for r, h in enumerate(hosts)]
     report = verdict(ids, [measured() for _ in hosts], links=links)
     assert links["exclude"] == ["ls2"] and report["finding"] == "slow_node"

@@ -1,0 +1,82 @@
+"""Where every rank of the link stage is: its host and its local rank (its rail), and so its
+partner in each round."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+_HOST_BYTES = 64
+
+
+@dataclass(frozen=True)
+class Layout:
+    hosts: list[str]  # node index -> hostname, nodes ordered by their first rank
+    ranks: list[list[int]]  # node -> its ranks, ordered by local rank (rail order)
+    local: list[int]  # rank -> its local rank
+
+    def node_of(self, rank: int) -> int:
+        return next(k for k, rs in enumerate(self.ranks) if rank in rs)
+
+    def rail_of(self, rank: int) -> int:
+        return self.ranks[self.node_of(rank)].index(rank)
+
+
+def layout(dist, torch, device, local_rank: int | None) -> Layout:
+    """Every rank's host and local rank, by one all-gather of fixed size."""
+    name = socket.gethostname().encode()[:_HOST_BYTES].ljust(_HOST_BYTES, b"\0")
+    me = torch.tensor([*name, (local_rank if local_rank is not None else -1) + 1], device=device)
+    out = [torch.empty_like(me) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, me)
+    rows = [r.cpu().tolist() for r in out]
+    hosts_of = [bytes(r[:_HOST_BYTES]).rstrip(b"\0").decode(errors="replace") for r in rows]
+    local = [r[-1] - 1 for r in rows]
+    hosts: list[str] = []
+    for h in hosts_of:
+        if h not in hosts:
+            hosts.append(h)
+    ranks = [
+        sorted((r for r, h in enumerate(hosts_of) if h == host), key=lambda r: (local[r], r))
+        for host in hosts
+    ]
+    return Layout(hosts=hosts, ranks=ranks, local=local)
+
+
+def layout_from_identities(identities: list[dict]) -> Layout:
+    """The layout from the check-in's identities (rank 0's), where the stage's own exchange
+    failed."""
+    hosts: list[str] = []
+    for ident in identities:
+        if ident["host"] not in hosts:
+            hosts.append(ident["host"])
+    ranks = [[i["rank"] for i in identities if i["host"] == h] for h in hosts]
+    return Layout(hosts=hosts, ranks=ranks, local=[i.get("local_rank") or 0 for i in identities])
+
+
+def plan_partner(
+    lay: Layout, rank: int, pairs: list[tuple[int, int]] | None, rails: int | None = None
+) -> int | None:
+    """This rank's peer in a round: `pairs` of node indices, or None for the intra-node round
+    (rails 0-1, 2-3, ... of each node). Between nodes only local ranks below `rails` (None:
+    all) take part."""
+    node = lay.node_of(rank)
+    rail = lay.ranks[node].index(rank)
+    if pairs is None:
+        peer_rail = rail ^ 1
+        mine = lay.ranks[node]
+        return mine[peer_rail] if peer_rail < len(mine) else None
+    if rails is not None and rail >= rails:
+        return None
+    for a, b in pairs:
+        if node in (a, b):
+            other = lay.ranks[b if node == a else a]
+            return other[rail] if rail < len(other) else None
+    return None
+
+
+def stage_rails(device) -> int | None:
+    """The local ranks measured between nodes: every rail on GPUs (NCCL gives each GPU its
+    own NIC on a rail-optimised node), local rank 0 only on CPU: gloo sends every rank of a
+    host through the same interface, so the other local ranks would measure that one NIC
+    again, at once, each getting a share of it."""
+    return None if device.type == "cuda" else 1

@@ -1,0 +1,314 @@
+"""The report's `links` section, from the stage's readings (plain data): each rail judged on
+its own (local rank i of every node, `verdict.judge`), the findings named by host, local rank
+and rank, the nodes to leave out as a Slurm host list."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from lockstep.launch.hostlist import compress
+from lockstep.preflight.lines import ranges
+from lockstep.preflight.links.schedule import FULL_MATRIX
+from lockstep.preflight.links.stats import (
+    STARVED_FRACTION,
+    best_of,
+    matrix,
+    median,
+    merge_rails,
+    rounded,
+    starved_bar,
+)
+from lockstep.preflight.links.verdict import judge, judge_intra
+
+MATRIX_MAX = 256  # the JSON carries the N x N matrix up to this many nodes (the links always)
+
+
+@dataclass(frozen=True)
+class _Nodes:
+    """The stage's nodes: host names, each node's ranks in rail order, each rank's local rank."""
+
+    hosts: Sequence[str]
+    ranks: Sequence[Sequence[int]]
+    local: Sequence[int | None]
+
+    def who(self, node: int, rail: int | None = None) -> str:
+        if rail is None:
+            return f"{self.hosts[node]} (rank {ranges(self.ranks[node])})"
+        rank = self.ranks[node][rail]
+        return f"{self.hosts[node]} local rank {_show(self.local[rank])} (rank {rank})"
+
+    def locals_of(self, ranks: Sequence[int]) -> list[int | None]:
+        return [self.local[r] for r in ranks]
+
+
+@dataclass
+class _Findings:
+    """What the section names, in the order found; `kinds` parallel to `problems`."""
+
+    problems: list[str] = field(default_factory=list)
+    kinds: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    slow_nodes: list[dict] = field(default_factory=list)
+    slow_links: list[dict] = field(default_factory=list)
+    not_judged: list[dict] = field(default_factory=list)
+    exclude: set[int] = field(default_factory=set)
+
+    def problem(self, kind: str, line: str) -> None:
+        self.kinds.append(kind)
+        self.problems.append(line)
+
+
+def assess(
+    *,
+    hosts: Sequence[str],
+    ranks: Sequence[Sequence[int]],
+    local: Sequence[int | None],
+    cross: Sequence[dict],
+    intra: Sequence[dict] = (),
+    silent: Sequence[int] = (),
+    failed: dict[int, str] | None = None,
+    min_link_gbps: float | None = None,
+    judge_intra: bool = False,
+    timeout_s: float | None = None,
+    nbytes: int | None = None,
+    elapsed_s: float | None = None,
+) -> dict:
+    """The report's `links` section: `problems` (one line each), `kind` (the first finding:
+    dropped, slow_node, slow_link, or None) and `exit_code` (3 when a node dropped out or a
+    transfer failed, 1 for a slow node or link, else 0). Links `starved` of CPU in every
+    measurement are judged by none of that: below the threshold they are `not_judged`, with a
+    line each in `warnings`, and change neither `kind` nor `exit_code`."""
+    failed = failed or {}
+    nodes = _Nodes(hosts, ranks, local)
+    measured = [*cross, *intra]
+    cross = best_of(cross)  # a pair measured again (confirmation): its best
+    found = _Findings()
+    silent_nodes = _dropped(nodes, silent, failed, timeout_s, found)
+    per_rail = []
+    for rail in range(max((len(rs) for rs in ranks), default=0)):
+        mine = [x for x in cross if x["rail"] == rail]
+        if mine:
+            per_rail.append(_rail(nodes, rail, mine, min_link_gbps, silent_nodes, found))
+    if judge_intra:
+        _within_nodes(nodes, intra, min_link_gbps, found)
+    names = [hosts[k] for k in sorted(found.exclude)]
+    n = len(hosts)
+    out = {
+        "schedule": ("full" if n <= FULL_MATRIX else "sampled"),
+        "nodes": [
+            {
+                "node": k,
+                "host": h,
+                "ranks": list(ranks[k]),
+                "local_ranks": nodes.locals_of(ranks[k]),
+            }
+            for k, h in enumerate(hosts)
+        ],
+        "rounds": len({x["round"] for x in measured}),
+        "bytes": nbytes,
+        "min_link_gbps": min_link_gbps,
+        "rails": per_rail,
+        "typical_gbps": rounded(median([r["typical_gbps"] for r in per_rail]))
+        if per_rail
+        else None,
+        "links": [_clean(x) for x in cross],
+        "intra": [_clean(x) for x in intra],
+        "slow_nodes": found.slow_nodes,
+        "slow_links": found.slow_links,
+        "not_judged": found.not_judged,
+        "cpu_wait": _cpu_wait(measured),
+        "warnings": found.warnings,
+        "dropped": [hosts[k] for k in silent_nodes],
+        "silent_ranks": sorted(silent),
+        "failed_ranks": {str(r): why for r, why in sorted(failed.items())},
+        "exclude": names,
+        "exclude_hostlist": compress(names) if names else "",
+        "problems": found.problems,
+        "kind": found.kinds[0] if found.kinds else None,
+        "kinds": list(dict.fromkeys(found.kinds)),
+        "exit_code": 3 if (silent_nodes or failed) else (1 if found.problems else 0),
+        "elapsed_s": None if elapsed_s is None else round(elapsed_s, 3),
+    }
+    if n <= MATRIX_MAX:
+        out["matrix_gbps"] = [[rounded(v) for v in row] for row in matrix(n, merge_rails(cross))]
+    return out
+
+
+def _dropped(
+    nodes: _Nodes,
+    silent: Sequence[int],
+    failed: dict[int, str],
+    timeout_s: float | None,
+    found: _Findings,
+) -> list[int]:
+    """The nodes whose ranks never posted (dropped out), and a stage that failed on some rank;
+    the dropped nodes, to leave out."""
+    node_of = {r: k for k, rs in enumerate(nodes.ranks) for r in rs}
+    silent_nodes = sorted({node_of[r] for r in silent if r in node_of})
+    for node in silent_nodes:
+        gone = [r for r in silent if node_of.get(r) == node]
+        found.problem(
+            "dropped",
+            f"node {nodes.hosts[node]} (rank {ranges(gone)}) dropped out during the link stage: "
+            f"no answer within {_g(timeout_s)} s",
+        )
+    if failed and not silent_nodes:
+        first = min(failed)
+        found.problem(
+            "link_error",
+            f"the link stage failed on rank {ranges(list(failed))}: rank {first}: {failed[first]}",
+        )
+    found.exclude |= set(silent_nodes)
+    return silent_nodes
+
+
+def _rail(
+    nodes: _Nodes,
+    rail: int,
+    mine: list[dict],
+    min_link_gbps: float | None,
+    silent_nodes: list[int],
+    found: _Findings,
+) -> dict:
+    """One rail judged: its row of `rails`, its findings into `found`. A starved reading is a
+    lower bound on its link: one at or above the bar of the unstarved readings is judged with
+    them (left out, a loaded machine's starved fast links would leave a slow node's links to
+    set the typical, and nothing is named)."""
+    n = len(nodes.hosts)
+    bar = starved_bar(n, mine, min_link_gbps)
+    judged, unjudged = [], []
+    for x in mine:
+        (unjudged if x.get("starved") and x["gbps"] < bar["threshold"] else judged).append(x)
+    v = judge(n, judged, min_link_gbps=min_link_gbps, dropped=silent_nodes)
+    for x in unjudged:
+        _not_judged(nodes, rail, x, bar["typical"], found)
+    for s in v["slow_nodes"]:
+        _slow_node(nodes, rail, s, v["typical_gbps"], found)
+    for s in v["slow_links"]:
+        _slow_link(nodes, rail, s, v["typical_gbps"], found)
+    found.exclude |= set(v["exclude"])
+    return {
+        "rail": rail,
+        "typical_gbps": rounded(v["typical_gbps"]),
+        "spread_gbps": rounded(v["spread_gbps"]),
+        "threshold_gbps": rounded(v["threshold_gbps"]),
+        "links": len(mine),
+        "starved": len(unjudged),
+    }
+
+
+def _not_judged(nodes: _Nodes, rail: int, x: dict, typical: float, found: _Findings) -> None:
+    a, b = x["a"], x["b"]
+    found.not_judged.append(
+        {
+            "hosts": [nodes.hosts[a], nodes.hosts[b]],
+            "nodes": [a, b],
+            "rail": rail,
+            "ranks": x["ranks"],
+            "local_ranks": nodes.locals_of(x["ranks"]),
+            "gbps": rounded(x["gbps"]),
+            "typical_gbps": rounded(typical),
+            "starved": rounded(x["starved"]),
+        }
+    )
+    found.warnings.append(
+        f"link {nodes.who(a, rail)} <-> {nodes.who(b, rail)} not judged: CPU-starved, its ends "
+        f"waited for a CPU {x['starved']:.0%} of the transfer in every measurement "
+        f"({rounded(x['gbps'])} Gb/s measured, typical {rounded(typical)} Gb/s)"
+    )
+
+
+def _slow_node(nodes: _Nodes, rail: int, s: dict, typical: float, found: _Findings) -> None:
+    node = s["node"]
+    found.slow_nodes.append(
+        {
+            "host": nodes.hosts[node],
+            "node": node,
+            "rail": rail,
+            "local_rank": nodes.local[nodes.ranks[node][rail]],
+            "rank": nodes.ranks[node][rail],
+            "median_gbps": rounded(s["median_gbps"]),
+            "typical_gbps": rounded(typical),
+            "slow_links": s["slow"],
+            "links": s["links"],
+        }
+    )
+    found.problem(
+        "slow_node",
+        f"slow node {nodes.who(node, rail)}: median link {rounded(s['median_gbps'])} Gb/s vs "
+        f"typical {rounded(typical)} Gb/s ({s['slow']} of {s['links']} links slow)",
+    )
+
+
+def _slow_link(nodes: _Nodes, rail: int, s: dict, typical: float, found: _Findings) -> None:
+    a, b = s["a"], s["b"]
+    hosts = nodes.hosts
+    found.slow_links.append(
+        {
+            "hosts": [hosts[a], hosts[b]],
+            "nodes": [a, b],
+            "rail": rail,
+            "ranks": s["ranks"],
+            "local_ranks": nodes.locals_of(s["ranks"]),
+            "gbps": rounded(s["gbps"]),
+            "typical_gbps": rounded(typical),
+            "others_gbps": [rounded(x) for x in s["others_gbps"]],
+            "exclude": [hosts[e] for e in s["exclude"]],
+        }
+    )
+    found.problem(
+        "slow_link",
+        f"slow link {nodes.who(a, rail)} <-> {nodes.who(b, rail)}: {rounded(s['gbps'])} Gb/s vs "
+        f"typical {rounded(typical)} Gb/s; their other links {rounded(s['others_gbps'][0])} and "
+        f"{rounded(s['others_gbps'][1])} Gb/s; exclude {', '.join(hosts[e] for e in s['exclude'])}",
+    )
+
+
+def _within_nodes(
+    nodes: _Nodes, intra: Sequence[dict], min_link_gbps: float | None, found: _Findings
+) -> None:
+    """The bandwidth between the ranks of each node (GPUs: NVLink or PCIe), judged."""
+    slow, starved = judge_intra(len(nodes.hosts), intra, min_link_gbps)
+    for s in starved:
+        node = s["node"]
+        found.not_judged.append({**s, "host": nodes.hosts[node], "intra": True})
+        found.warnings.append(
+            f"node {nodes.who(node)} within the node not judged: CPU-starved, its ranks waited "
+            f"for a CPU {s['starved']:.0%} of the transfer in every measurement "
+            f"({s['gbps']} Gb/s measured, typical {s['typical_gbps']} Gb/s)"
+        )
+    for s in slow:
+        node = s["node"]
+        found.slow_nodes.append({**s, "host": nodes.hosts[node], "intra": True})
+        found.problem(
+            "slow_node",
+            f"slow node {nodes.who(node)} within the node: {s['gbps']} Gb/s between its ranks "
+            f"vs typical {s['typical_gbps']} Gb/s",
+        )
+        found.exclude.add(node)
+
+
+def _cpu_wait(measured: Sequence[dict]) -> dict:
+    """The stage's transfers and how many were CPU-starved (`STARVED_FRACTION`) and measured
+    again, over every measurement (both directions of each); `known`: whether any rank could
+    read its run-queue wait."""
+    out = {"threshold": STARVED_FRACTION, "reps": 0, "starved_reps": 0, "extra_reps": 0}
+    for x in measured:
+        for key in ("reps", "starved_reps", "extra_reps"):
+            out[key] += x.get(key, 0)
+    out["starved_links"] = sum(1 for x in best_of(measured) if x.get("starved"))
+    out["known"] = any(x.get("cpu_wait_known") for x in measured)
+    return out
+
+
+def _clean(x: dict) -> dict:
+    return {k: (rounded(v) if isinstance(v, float) else v) for k, v in x.items()}
+
+
+def _g(v: float | None) -> str:
+    return "?" if v is None else f"{v:g}"
+
+
+def _show(v: object) -> str:
+    return "-" if v is None else str(v)
