@@ -95,7 +95,6 @@ def test_gpu_workflow_runs_mains_definition_in_the_locked_image():
     assert "--gpus all" in options and re.search(r"--shm-size=\d+g", options)
     assert "--ipc" not in options
     assert job["env"]["LOCKSTEP_REQUIRE_GPUS"]
-    assert job["env"]["LOCKSTEP_PR"] == "${{ inputs.pr }}"
     checkout = job["steps"][0]
     assert checkout["uses"].startswith("actions/checkout@")
     assert checkout["with"] == {
@@ -118,6 +117,7 @@ def test_the_image_is_chosen_by_mains_scripts_reading_the_commit_as_data():
     # every script a step runs is main's, in isolated mode (no PYTHONPATH, no script-dir import)
     assert re.findall(r"python3 -I (\S+)", script) == [
         "main/ci/gpu-pr-gate.py",
+        "main/ci/gpu-candidates.py",
         "main/ci/gpu-image.py",
         "main/ci/gpu-image.py",
     ]
@@ -241,22 +241,85 @@ def test_the_runner_wipes_its_work_folder_before_each_registration():
     assert script.index('rm -rf "$home/_work"') < script.index("./config.sh --unattended")
 
 
-def test_candidate_goldens_come_from_mains_code_only():
-    sys.path.insert(0, str(ROOT))
-    try:
-        import noxfile
-    finally:
-        sys.path.remove(str(ROOT))
-    main = {"GITHUB_ACTIONS": "true", "GITHUB_REF": "refs/heads/main"}
-    assert noxfile.candidates_allowed({})[0], "outside Actions a person decides"
-    assert noxfile.candidates_allowed({**main, "GITHUB_EVENT_NAME": "push"})[0]
-    assert noxfile.candidates_allowed({**main, "GITHUB_EVENT_NAME": "workflow_dispatch"})[0]
-    allowed, why = noxfile.candidates_allowed(
-        {**main, "GITHUB_EVENT_NAME": "workflow_dispatch", "LOCKSTEP_PR": "12"}
-    )
-    assert not allowed and "#12" in why
-    pr = {"GITHUB_ACTIONS": "true", "GITHUB_REF": "refs/pull/3/merge"}
-    assert not noxfile.candidates_allowed({**pr, "GITHUB_EVENT_NAME": "pull_request"})[0]
+CANDIDATES = ROOT / "ci" / "gpu-candidates.py"
+
+
+@pytest.mark.parametrize(
+    ("event", "ref", "pr", "allowed", "why"),
+    [
+        ("push", "refs/heads/main", "", True, "push on refs/heads/main: main's code"),
+        ("workflow_dispatch", "refs/heads/main", "", True, "main's code"),
+        ("workflow_dispatch", "refs/heads/main", "12", False, "pull request #12's code"),
+        ("workflow_dispatch", "refs/heads/topic", "", False, "not refs/heads/main"),
+        ("pull_request", "refs/pull/3/merge", "", False, "not refs/heads/main"),
+        ("issue_comment", "refs/heads/main", "", False, "issue_comment is not an event"),
+    ],
+)
+def test_candidate_goldens_are_decided_by_mains_script(event, ref, pr, allowed, why):
+    result = subprocess.run(
+        [sys.executable, "-I", str(CANDIDATES), "--event", event, "--ref", ref, "--pr", pr],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"candidates={'true' if allowed else 'false'}\n"
+    assert why in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "args", [["--pr", "1;id"], ["--ref", "main\nx=1"], ["--event", "Push"], ["--pr", "-1"]]
+)
+def test_bad_input_to_the_candidates_rule_is_one_line_and_exit_2(args):
+    base = {"--event": "push", "--ref": "refs/heads/main", "--pr": ""}
+    base[args[0]] = args[1]
+    result = subprocess.run(
+        [sys.executable, "-I", str(CANDIDATES), *[x for kv in base.items() for x in kv]],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("gpu-candidates: error: ")
+    assert len(result.stderr.splitlines()) == 1
+
+
+def uploads(job: dict) -> dict[str, dict]:
+    return {s["with"]["name"]: s for s in job["steps"] if "upload-artifact" in s.get("uses", "")}
+
+
+def test_candidate_goldens_leave_a_run_only_as_mains_workflow_decides():
+    """The commit's noxfile.py records what it likes; main's definition decides what leaves."""
+    image = load("gpu.yml")["jobs"]["image"]
+    assert image["outputs"]["candidates"] == "${{ steps.candidates.outputs.candidates }}"
+    steps = image["steps"]
+    rule = next(s for s in steps if s.get("id") == "candidates")
+    pr_checkout = next(s for s in steps if s.get("with", {}).get("path") == "pr")
+    assert steps.index(rule) < steps.index(pr_checkout), "decided before the commit is fetched"
+    assert "python3 -I main/ci/gpu-candidates.py" in rule["run"]
+    assert '--pr "$PR"' in rule["run"] and rule["env"] == {"PR": "${{ inputs.pr }}"}
+    for job, reports, candidates, condition in [
+        (
+            load("gpu.yml")["jobs"]["gpu"],
+            "gpu-gate-reports",
+            "gpu-gate-candidates",
+            "always() && needs.image.outputs.candidates == 'true'",
+        ),
+        (
+            load("ci.yml")["jobs"]["gate"],
+            "gate-reports",
+            "gate-candidates",
+            "always() && github.event_name != 'pull_request' && github.ref == 'refs/heads/main'",
+        ),
+    ]:
+        named = uploads(job)
+        assert named[reports]["with"]["path"].split() == [
+            "build/gate/",
+            "!build/gate/candidates/",
+        ]
+        assert named[candidates]["with"]["path"] == "build/gate/candidates/"
+        assert named[candidates]["if"] == condition
+        assert [n for n, s in named.items() if "candidates" in s["with"]["path"]] == [
+            reports,
+            candidates,
+        ]
+    assert "candidates_allowed" not in (ROOT / "noxfile.py").read_text()
 
 
 def test_only_the_publishing_job_may_write_packages():
