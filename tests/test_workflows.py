@@ -320,6 +320,8 @@ def test_candidate_goldens_leave_a_run_only_as_mains_workflow_decides():
             candidates,
         ]
     assert "candidates_allowed" not in (ROOT / "noxfile.py").read_text()
+    # a dispatched pull request's run says so in its title
+    assert "format('PR #{0} at {1}', inputs.pr, inputs.sha)" in load("gpu.yml")["run-name"]
 
 
 def test_only_the_publishing_job_may_write_packages():
