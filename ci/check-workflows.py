@@ -16,7 +16,8 @@ remote reusable workflow or a local one that does.
 checkout whose `ref:` is an expression (other than github.sha / github.ref) or another
 repository fetches code someone else chose: a pull request's head, dispatched for a GPU run;
 so does `gh pr checkout`, `git fetch ... pull/...` or a `git checkout` of a variable in a step
-(taken as the workspace root). Such a checkout keeps no credentials (`persist-credentials:
+(taken as the workspace root), and `actions/download-artifact` of another run (`run-id:`, or
+in a `workflow_run` workflow, whose triggering run may be a pull request's). Such a checkout keeps no credentials (`persist-credentials:
 false` on every checkout of the job). A step *runs* the checkout's code when it: runs in it
 (`working-directory:`, job or workflow `defaults`, `cd`/`pushd`); names one of its paths in any
 command other than a data reader (`cat`, `cmp`, `sha256sum`, `grep`, `jq`, ... or an interpreter
@@ -105,11 +106,18 @@ def runner_labels(runs_on: object) -> list[str] | None:
     return None  # {group: ..., labels: ...}: a runner group may hold self-hosted runners
 
 
-def untrusted_checkout(step: dict) -> str | None:
-    """The `path:` (`""` for the root) of a checkout of code chosen elsewhere; None if none."""
+def untrusted_checkout(step: dict, cross_run: bool = False) -> str | None:
+    """The `path:` (`""` for the root) of a checkout of code chosen elsewhere; None if none.
+
+    An artifact of another run counts as one (`run-id:`, or any download in a workflow_run
+    workflow: the run that made it may be a pull request's)."""
+    options = step.get("with") if isinstance(step.get("with"), dict) else {}
+    if str(step.get("uses", "")).lower().startswith("actions/download-artifact@"):
+        if cross_run or "run-id" in options or "github-token" in options:
+            return folder(str(options.get("path", "")))
+        return None
     if not is_checkout(step):
         return None
-    options = step.get("with") if isinstance(step.get("with"), dict) else {}
     ref = str(options.get("ref", "")).strip()
     if "repository" in options or (ref and ref not in TRUSTED_REFS):
         return folder(str(options.get("path", "")))
@@ -277,7 +285,8 @@ def step_label(step: dict, index: int) -> str:
 def untrusted_code_offences(doc: dict, name: str, job: dict, decides_image: bool) -> list[str]:
     """Rule 3 for one job."""
     steps = job.get("steps") or []
-    problems = credential_offences(name, steps)
+    cross_run = "workflow_run" in triggers(doc)
+    problems = credential_offences(name, steps, cross_run)
     paths: list[str] = []
     ran = ""  # why every later step counts as running the code
     workdir = ""  # defaults.run.working-directory, the job's over the workflow's
@@ -288,7 +297,7 @@ def untrusted_code_offences(doc: dict, name: str, job: dict, decides_image: bool
             workdir = str(run["working-directory"])
     for index, step in enumerate(steps, 1):
         label = f"job {name} step {step_label(step, index)}"
-        path = untrusted_checkout(step)
+        path = untrusted_checkout(step, cross_run)
         if path is not None:
             paths.append(path)
         elif paths:
@@ -306,7 +315,7 @@ def untrusted_code_offences(doc: dict, name: str, job: dict, decides_image: bool
             path = ""
             paths.append(path)
         if path == "" and not ran:
-            ran = f"checked out at the workspace root in step {step_label(step, index)}"
+            ran = f"put in the workspace root by step {step_label(step, index)}"
             if decides_image:
                 problems.append(
                     f"{label}: checks out code chosen elsewhere into the workspace root in a "
@@ -316,9 +325,9 @@ def untrusted_code_offences(doc: dict, name: str, job: dict, decides_image: bool
     return problems
 
 
-def credential_offences(name: str, steps: list[dict]) -> list[str]:
+def credential_offences(name: str, steps: list[dict], cross_run: bool) -> list[str]:
     """In a job that checks out code chosen elsewhere, no checkout leaves the token on disk."""
-    if all(untrusted_checkout(s) is None for s in steps):
+    if all(untrusted_checkout(s, cross_run) is None for s in steps):
         return []
     problems = []
     for index, step in enumerate(steps, 1):

@@ -527,7 +527,18 @@ PLANTED = {
             ("Build", SECRET_ENV + "        run: make\n"),
         ),
         "job build step Build: holds a token (env GH_TOKEN) where code of a checkout chosen "
-        "elsewhere runs (checked out at the workspace root in step Fetch)",
+        "elsewhere runs (put in the workspace root by step Fetch)",
+    ),
+    "a pull request run's artifact in a workflow_run workflow": (
+        (
+            "on:\n  workflow_run:\n    workflows: [ci]\n    types: [completed]\n"
+            "permissions: {}\njobs:\n  report:\n    runs-on: ubuntu-24.04\n    steps:\n"
+            f"      - uses: {CHECKOUT.replace('checkout', 'download-artifact')}\n"
+            "        with:\n          name: build\n"
+            f"      - name: Report\n{SECRET_ENV}        run: ./report.sh\n"
+        ),
+        "job report step Report: holds a token (env GH_TOKEN) where code of a checkout chosen "
+        "elsewhere runs (put in the workspace root by step 1 (actions/download-artifact))",
     ),
     "a PR checkout that keeps the token in .git/config": (
         planted("", ("Build", "        run: bash pr/build.sh\n")).replace(
