@@ -12,30 +12,31 @@ names `self-hosted` or a label declared in .github/actionlint.yaml (case-blind, 
 matches labels), is an expression or a runner group (which cannot be told apart), or calls a
 remote reusable workflow or a local one that does.
 2. Every `uses:` of a remote action or workflow is pinned by a full 40-hex commit SHA.
-3. Code of the commit under test never runs beside a token, and never decides an image. A
-checkout whose `ref:` is an expression (other than github.sha / github.ref) or another
-repository fetches code someone else chose: a pull request's head, dispatched for a GPU run;
-so does `gh pr checkout`, `git fetch ... pull/...` or a `git checkout` of a variable in a step
-(taken as the workspace root), and `actions/download-artifact` of another run (`run-id:`, or
-in a `workflow_run` workflow, whose triggering run may be a pull request's). Such a checkout keeps no credentials (`persist-credentials:
-false` on every checkout of the job). A step *runs* the checkout's code when it: runs in it
-(`working-directory:`, job or workflow `defaults`, `cd`/`pushd`); names one of its paths in any
-command other than a data reader (`cat`, `cmp`, `sha256sum`, `grep`, `jq`, ... or an interpreter
-given a script from outside it: `python3 -I main/ci/x.py pr`), so `pip install -e pr`, `make -C
-pr`, `pr/build.sh`, `cat pr/x | sh` all run it; writes its data into `$GITHUB_ENV` or
-`$GITHUB_PATH`; or uses a local action from it. Into the workspace root (no `path:`) every
-later step runs it, and after a step that runs it every later step counts as running it too (it
-could rewrite any file or the environment). No step that runs it may hold a token: `secrets.*`
-or `github.token` in the workflow's, the job's, the container's or the step's `env`, in `with:`
-or `run:`, or `id-token: write` (the OIDC token is in every step's environment). No step may
-source its files (`source`, `.`, `<(...)`). A job whose outputs choose another job's
-`container` or `services` image checks such code out under a `path:` and never runs it: it reads
-it as data with the workflow's own scripts. (The shape that gpu.yml had: the pull request's head
-checked out at the root, then `source <(docker/build-args.sh)` with GH_TOKEN, deciding the GPU
-image.)
+3. Code of the commit under test never runs beside a token, and never decides an image. A checkout
+whose `ref:` is an expression (other than github.sha / github.ref) or another repository fetches
+code someone else chose: a pull request's head, dispatched for a GPU run; so does `gh pr checkout`,
+`git fetch ... pull/...` or a `git checkout` of a variable in a step (taken as the workspace root),
+and `actions/download-artifact` of another run (`run-id:`, or in a `workflow_run` workflow, whose
+triggering run may be a pull request's). Such a checkout keeps no credentials
+(`persist-credentials: false` on every checkout of the job). A step *runs* the checkout's code when
+it: runs in it (`working-directory:`, job or workflow `defaults`, `cd`/`pushd`); names one of its
+paths in any command other than a data reader (`cat`, `cmp`, `sha256sum`, `grep`, `jq`, ... or an
+interpreter given a script from outside it: `python3 -I main/ci/x.py pr`), so `pip install -e pr`,
+`make -C pr`, `pr/build.sh`, `cat pr/x | sh` all run it; writes its data into `$GITHUB_ENV` or
+`$GITHUB_PATH`; or uses a local action from it. Into the workspace root (no `path:`) every later
+step runs it, and after a step that runs it every later step counts as running it too (it could
+rewrite any file or the environment). No step that runs it may hold a token: `secrets.*` or
+`github.token` in the workflow's, the job's, the container's or the step's `env`, in `with:` or
+`run:`, or `id-token: write` (the OIDC token is in every step's environment). No step may source
+its files (`source`, `.`, `<(...)`). A job whose outputs choose another job's `container` or
+`services` image checks such code out under a `path:` and never runs it: it reads it as data with
+the workflow's own scripts. (The shape that gpu.yml had: the pull request's head checked out at the
+root, then `source <(docker/build-args.sh)` with GH_TOKEN, deciding the GPU image.)
 
 Each offence is one line naming the file, the job and the step. The shell is read by patterns,
-not parsed: a form it cannot tell apart counts as running the code.
+not parsed: a command it cannot split into words counts as running the code, but what flows
+through a variable or a file it writes (`cat pr/x >f; bash f`) is not followed, nor the `token`
+inputs that actions default to `github.token`.
 
     python ci/check-workflows.py [REPO_ROOT]      # exit 1 naming each offence, 0 when clean
 """

@@ -1,12 +1,12 @@
 """Which CUDA image a GPU run may use, decided by main's code alone (gpu.yml's `image` job).
 
 The commit under test may be a pull request's. Its files are read here as data, never run or
-sourced: `docker/base.lock` through a strict KEY=VALUE reader, the lock and the image's files
-only hashed. Each is read only as a regular file of at most 1 MiB reached through no symbolic
-link (no folder on its way is one either): a pull request's `docker/base.lock -> /etc/...` would
-otherwise have its target read (and quoted in the refusal), and one to `/dev/zero` or a FIFO
-would hang the job. The tag is the one `docker/build-args.sh` computes (tests/test_gpu_image.py holds
-the two equal), so a pull request cannot choose the image by editing a script.
+sourced: `docker/base.lock` through a strict KEY=VALUE reader, the lock and the image's files only
+hashed. Each is read only as a regular file of at most 1 MiB reached through no symbolic link (no
+folder on its way is one either): a pull request's `docker/base.lock -> /etc/...` would otherwise
+have its target read (and quoted in the refusal), and one to `/dev/zero` or a FIFO would hang the
+job. The tag is the one `docker/build-args.sh` computes (tests/test_gpu_image.py holds the two
+equal), so a pull request cannot choose the image by editing a script.
 
     python3 -I main/ci/gpu-image.py tag pr/                 # -> CUDA_TAG=env-<16 hex>
     python3 -I main/ci/gpu-image.py verify --image REF --repo OWNER/REPO --attestation FILE
