@@ -1,9 +1,12 @@
 """Which CUDA image a GPU run may use, decided by main's code alone (gpu.yml's `image` job).
 
 The commit under test may be a pull request's. Its files are read here as data, never run or
-sourced: `docker/base.lock` through a strict KEY=VALUE reader, the lock and the image's files
-only hashed. The tag is the one `docker/build-args.sh` computes (tests/test_gpu_image.py holds
-the two equal), so a pull request cannot choose the image by editing a script.
+sourced: `docker/base.lock` through a strict KEY=VALUE reader, the lock and the image's files only
+hashed. Each is read only as a regular file of at most 1 MiB reached through no symbolic link (no
+folder on its way is one either): a pull request's `docker/base.lock -> /etc/...` would otherwise
+have its target read (and quoted in the refusal), and one to `/dev/zero` or a FIFO would hang the
+job. The tag is the one `docker/build-args.sh` computes (tests/test_gpu_image.py holds the two
+equal), so a pull request cannot choose the image by editing a script.
 
     python3 -I main/ci/gpu-image.py tag pr/                 # -> CUDA_TAG=env-<16 hex>
     python3 -I main/ci/gpu-image.py verify --image REF --repo OWNER/REPO --attestation FILE
@@ -19,9 +22,12 @@ Exit 0 with KEY=value lines for $GITHUB_OUTPUT; else 1 (refused) or 2 (bad input
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import json
+import os
 import re
+import stat
 import sys
 from pathlib import Path
 
@@ -45,6 +51,8 @@ REPO = re.compile(r"([A-Za-z0-9-]{1,39})/([A-Za-z0-9._-]{1,100})")
 ISSUER = "https://token.actions.githubusercontent.com"
 PROVENANCE = "https://slsa.dev/provenance/v1"
 SIGNER_REF = "refs/heads/main"
+# The largest file of the commit read (requirements/cuda.txt is about 180 KB).
+MAX_FILE_BYTES = 1 << 20
 
 
 class Refused(Exception):
@@ -55,12 +63,61 @@ class BadInput(Exception):
     """The input cannot be read: exit 2."""
 
 
-def read_key_values(path: Path, keys: tuple[str, ...]) -> dict[str, str]:
-    """Comments, blank lines and exactly KEY=VALUE (one token, no quotes, no expansion)."""
+def read_checkout_file(tree: Path, name: str) -> bytes:
+    """tree/name, which must be a regular file of at most MAX_FILE_BYTES reached through no
+    symbolic link. Opened one component at a time with O_NOFOLLOW, so nothing the checkout
+    holds can point the read elsewhere between a check and the read."""
+    path = tree / name
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise BadInput(f"{path}: cannot read ({err})") from None
+        fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as err:
+        raise BadInput(f"{tree}: not a folder that can be read ({err.strerror})") from None
+    try:
+        parts = name.split("/")
+        for depth, part in enumerate(parts):
+            last = depth == len(parts) - 1
+            where = tree.joinpath(*parts[: depth + 1])
+            try:
+                mode = os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode
+            except OSError as err:
+                raise Refused(f"{where}: {err.strerror.lower()}") from None
+            if stat.S_ISLNK(mode):
+                raise Refused(f"{where}: a symbolic link, read only as a regular file")
+            if not (stat.S_ISREG(mode) if last else stat.S_ISDIR(mode)):
+                raise Refused(f"{where}: not a regular {'file' if last else 'folder'}")
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+            try:
+                child = os.open(part, flags | (0 if last else os.O_DIRECTORY), dir_fd=fd)
+            except OSError as err:
+                why = "a symbolic link" if err.errno == errno.ELOOP else err.strerror.lower()
+                raise Refused(f"{where}: {why}") from None
+            os.close(fd)
+            fd = child
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Refused(f"{path}: not a regular file")
+        if info.st_size > MAX_FILE_BYTES:
+            raise Refused(f"{path}: {info.st_size} bytes, over the {MAX_FILE_BYTES} read")
+        chunks, size = [], 0
+        while size <= MAX_FILE_BYTES and (chunk := os.read(fd, 65536)):
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_FILE_BYTES:
+            raise Refused(f"{path}: over the {MAX_FILE_BYTES} bytes read")
+        return b"".join(chunks)
+    except OSError as err:
+        raise BadInput(f"{path}: cannot read ({err.strerror})") from None
+    finally:
+        os.close(fd)
+
+
+def read_key_values(tree: Path, name: str, keys: tuple[str, ...]) -> dict[str, str]:
+    """Comments, blank lines and exactly KEY=VALUE (one token, no quotes, no expansion)."""
+    path = tree / name
+    try:
+        text = read_checkout_file(tree, name).decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise BadInput(f"{path}: not UTF-8 ({err.reason})") from None
     values: dict[str, str] = {}
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
@@ -82,20 +139,11 @@ def read_key_values(path: Path, keys: tuple[str, ...]) -> dict[str, str]:
     return values
 
 
-def _file_sha256(path: Path) -> str:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError as err:
-        raise BadInput(f"{path}: cannot read ({err})") from None
-
-
 def image_tag(tree: Path, variant: str = "cuda") -> str:
     """env-<16 hex> as build-args.sh: sha256 of `sha256sum LOCK FILES...` then the base line."""
-    base = read_key_values(tree / "docker" / "base.lock", BASE_KEYS)[
-        f"{variant.upper()}_BASE_IMAGE"
-    ]
+    base = read_key_values(tree, "docker/base.lock", BASE_KEYS)[f"{variant.upper()}_BASE_IMAGE"]
     listing = "".join(
-        f"{_file_sha256(tree / name)}  {name}\n"
+        f"{hashlib.sha256(read_checkout_file(tree, name)).hexdigest()}  {name}\n"
         for name in (f"requirements/{variant}.txt", *IMAGE_FILES)
     )
     return "env-" + hashlib.sha256(f"{listing}{base}\n".encode()).hexdigest()[:16]
@@ -178,7 +226,7 @@ def main(argv: list[str]) -> int:
             return 0
         try:
             document = json.loads(args.attestation.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as err:
+        except (OSError, ValueError, RecursionError) as err:
             raise BadInput(
                 f"{args.attestation}: not the JSON of gh attestation verify ({err})"
             ) from None

@@ -137,8 +137,9 @@ def main(argv: list[str]) -> int:
     except Refused as err:
         print(f"gpu-pr-gate: refused: {err}", file=sys.stderr)
         return 1
-    except (BadInput, ValueError, TypeError, AttributeError) as err:
-        print(f"gpu-pr-gate: error: {err}", file=sys.stderr)
+    except (BadInput, ValueError, TypeError, AttributeError, RecursionError) as err:
+        why = "an API answer nested too deep" if isinstance(err, RecursionError) else err
+        print(f"gpu-pr-gate: error: {why}", file=sys.stderr)
         return 2
 
 

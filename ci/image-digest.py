@@ -22,6 +22,8 @@ USAGE = "usage: image-digest.py METADATA_JSON [TARGET] [--name NAME]"
 
 def launch_reference(metadata: dict, target: str | None, name: str | None = None) -> str:
     """`name` stands in where the file has no image.name (buildx 0.13's docker driver)."""
+    if not isinstance(metadata, dict):
+        raise ValueError("not the JSON object buildx writes")
     if "containerimage.digest" in metadata:  # `buildx build`: one image, no target names
         metadata = {target or "image": metadata}
     # bake also writes top-level entries that are not targets (buildx.build.warnings).
@@ -34,8 +36,9 @@ def launch_reference(metadata: dict, target: str | None, name: str | None = None
         raise ValueError(f"no target {target!r} in the file (it holds {sorted(metadata)})")
     entry = metadata[target]
     digest = entry.get("containerimage.digest", "")
-    names = [n for n in entry.get("image.name", name or "").split(",") if n]
-    if not digest.startswith("sha256:") or not names:
+    names = entry.get("image.name", name or "")
+    names = [n for n in names.split(",") if n] if isinstance(names, str) else []
+    if not isinstance(digest, str) or not digest.startswith("sha256:") or not names:
         raise ValueError(f"target {target!r} has no image.name and containerimage.digest")
     name = names[0]
     repository = name.rsplit(":", 1)[0] if ":" in name.rsplit("/", 1)[-1] else name
@@ -58,8 +61,9 @@ def main(argv: list[str]) -> int:
     try:
         metadata = json.loads(path.read_text())
         print(launch_reference(metadata, argv[1] if len(argv) > 1 else None, name))
-    except (OSError, ValueError) as err:
-        print(f"image-digest: error: {path}: {err}", file=sys.stderr)
+    except (OSError, ValueError, RecursionError) as err:
+        why = "nested too deep" if isinstance(err, RecursionError) else err
+        print(f"image-digest: error: {path}: {why}", file=sys.stderr)
         return 2
     return 0
 

@@ -9,6 +9,7 @@ documents in the schema gh documents for it (written here: nothing here can reac
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -78,6 +79,80 @@ def test_a_base_lock_that_runs_a_command_when_sourced_is_refused_unrun(tmp_path)
     assert result.returncode == 1 and not planted.exists()
     assert "base.lock:" in result.stderr and "CUDA_BASE_IMAGE=x@sha256:1;touch" in result.stderr
     assert len(result.stderr.splitlines()) == 1
+
+
+# Every file the image job reads from the commit (gpu-image.py's IMAGE_FILES, the lock, base.lock).
+READ_FROM_THE_COMMIT = [
+    "docker/base.lock",
+    "requirements/cuda.txt",
+    "docker/Dockerfile",
+    "docker/install-lock.sh",
+    "docker/write-manifest.py",
+    "docker/check-one-nccl.sh",
+    "docker/lock-parts.py",
+    "docker/deepspeed-build.env",
+]
+
+
+def run_bounded(*args: str) -> subprocess.CompletedProcess:
+    """run(), but a hang fails the test instead of the run (today's reader blocked on a FIFO)."""
+    return subprocess.run(
+        [sys.executable, "-I", str(SCRIPT), *args],
+        capture_output=True, text=True, check=False, timeout=30,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("name", READ_FROM_THE_COMMIT)
+def test_a_file_of_the_commit_that_is_a_symlink_is_refused_unread(tmp_path, name):
+    root = tree(tmp_path / "pr")
+    secret = tmp_path / "host-file"
+    secret.write_text("CUDA_BASE_IMAGE=host-secret-" + "s" * 80 + "\n")
+    (root / name).unlink()
+    (root / name).symlink_to(secret)
+    result = run_bounded("tag", str(root))
+    assert result.returncode == 1, result.stdout
+    assert (
+        result.stderr
+        == f"gpu-image: refused: {root / name}: a symbolic link, read only as a regular file\n"
+    )
+    assert "host-secret" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "fifo", "folder"])
+def test_a_file_that_would_hang_or_is_not_a_file_is_refused_at_once(tmp_path, target):
+    root = tree(tmp_path / "pr")
+    lock = root / "requirements" / "cuda.txt"
+    lock.unlink()
+    if target == "fifo":
+        os.mkfifo(lock)  # git cannot check one out, but nothing else may block the job either
+    elif target == "folder":
+        lock.mkdir()
+    else:
+        lock.symlink_to(target)
+    result = run_bounded("tag", str(root))
+    assert result.returncode == 1 and result.stderr.startswith(f"gpu-image: refused: {lock}: ")
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_a_folder_on_the_way_that_is_a_symlink_is_refused(tmp_path):
+    root = tree(tmp_path / "pr")
+    shutil.move(root / "docker", tmp_path / "elsewhere")
+    (root / "docker").symlink_to(tmp_path / "elsewhere")
+    result = run_bounded("tag", str(root))
+    assert result.returncode == 1
+    assert (
+        result.stderr
+        == f"gpu-image: refused: {root / 'docker'}: a symbolic link, read only as a regular file\n"
+    )
+
+
+def test_a_file_over_the_bound_is_refused_unread(tmp_path):
+    root = tree(tmp_path / "pr")
+    with (root / "requirements" / "cuda.txt").open("r+b") as lock:
+        lock.truncate((1 << 20) + 1)  # sparse: no MiB written
+    result = run_bounded("tag", str(root))
+    assert result.returncode == 1
+    assert "requirements/cuda.txt: 1048577 bytes, over the 1048576 read" in result.stderr
 
 
 @pytest.mark.parametrize(

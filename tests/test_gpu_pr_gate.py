@@ -106,3 +106,12 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, args):
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("answer", ["[" * 100_000, '{"state": "open", "head": 7}', "[1, 2]"])
+def test_an_odd_api_answer_is_one_line_and_exit_2(tmp_path, answer):
+    folder = api_answers(tmp_path, [])
+    (folder / f"repos_{REPO.replace('/', '_')}_pulls_7.json").write_text(answer)
+    result = gate(folder)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("gpu-pr-gate: error: ") and len(result.stderr.splitlines()) == 1
