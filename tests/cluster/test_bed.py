@@ -60,6 +60,29 @@ def test_each_node_has_its_own_hostname_address_hosts_tmp_shm_and_pids():
         assert not Path("/tmp/mine-0").exists()
 
 
+PLANT = "import pathlib; pathlib.Path(__file__).with_name('ran').write_text('planted')\n"
+
+
+def test_no_other_user_can_plant_a_module_where_root_runs_lockstep():
+    """The shared folder is every node's working folder for root's commands: a `lockstep/`
+    planted there would be imported by root's `python -m lockstep` (issue #37). As `nobody`,
+    neither the host nor a node can write it; root's lockstep runs the installed package."""
+    nobody = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    with Cluster(2) as bed:
+        assert (bed.shared.stat().st_mode & 0o7777) == 0o755
+        plant = (
+            f'mkdir -p {bed.shared}/lockstep && printf %s "$0" >{bed.shared}/lockstep/__init__.py'
+        )
+        by_host = subprocess.run(
+            [*nobody, "sh", "-c", plant, PLANT], capture_output=True, check=False
+        )
+        by_node = bed.run(1, [*nobody, "sh", "-c", plant, PLANT])
+        assert by_host.returncode != 0 and by_node.returncode != 0
+        assert not (bed.shared / "lockstep").exists()
+        where = bed.run(0, [PY, "-m", "lockstep", "--help"], check=True)
+        assert "usage: lockstep" in where.stdout and not (bed.shared / "lockstep" / "ran").exists()
+
+
 def test_nodes_reach_each_other_over_the_bridge_and_nothing_else():
     server = (
         "import socket; s = socket.create_server(('0.0.0.0', 7001)); print('up', flush=True);"

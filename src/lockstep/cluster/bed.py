@@ -107,7 +107,9 @@ class Cluster(NodeConfiguration, Network):
             self.shared = namespaces.make_shared()
         self.shared.mkdir(parents=True, exist_ok=True)
         self.shared = self.shared.resolve()
-        os.chmod(self.shared, 0o1777)
+        # Root's working folder on every node (`command`'s default cwd): writable by root
+        # alone, so no other user can plant a module that root's Python would import (#37).
+        os.chmod(self.shared, 0o755)
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop())
         self._proc = namespaces.start_outer(
             self.names, self.head, self.net, self.shared, self._stderr

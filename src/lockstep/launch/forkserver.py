@@ -119,7 +119,8 @@ def run_script(log: str, cwd: str, script: str, *args: str) -> None:
     os._exit = _exit_through_return
     if script == "-m":
         sys.argv = list(args)  # runpy puts the module's file first, as python -m does
-        sys.path.insert(0, cwd)
+        if args[0] != "lockstep":  # lockstep's own runs as `python -P` would (OWN_MODULE)
+            sys.path.insert(0, cwd)
         run = lambda: runpy.run_module(args[0], run_name="__main__", alter_sys=True)  # noqa: E731
     else:
         sys.argv = [script, *args]

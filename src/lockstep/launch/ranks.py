@@ -26,6 +26,11 @@ from lockstep.launch.cleanup import (
 )
 from lockstep.launch.forkserver import Launcher, in_environ, run_script, start_forkserver
 
+# `python -P -m lockstep`: lockstep's own commands never put their working folder first on
+# sys.path, so a `lockstep/` planted in a shared or world-writable folder is never what runs
+# (issue #37). Users' scripts keep Python's usual path: they import their sibling files.
+OWN_MODULE = ("-P", "-m", "lockstep")
+
 
 def rank_environment(
     device: str | None, nproc: int | None = None, env: MutableMapping[str, str] | None = None
@@ -204,7 +209,7 @@ def run_local_cli(nproc: int, argv: list[str], forensics: Path | None = None) ->
     agent = logging.getLogger("torch.distributed.elastic")
     level = agent.level
     agent.setLevel(logging.CRITICAL)
-    program, args = dying_with_parent(sys.executable, ["-m", "lockstep", *argv])
+    program, args = dying_with_parent(sys.executable, [*OWN_MODULE, *argv])
     env = dict(os.environ)
     if forensics is not None:
         from lockstep.forensics import collect, hang
@@ -280,7 +285,7 @@ def run_multinode_cli(
     agent = logging.getLogger("torch.distributed.elastic")
     level = agent.level
     agent.setLevel(logging.CRITICAL)
-    program, args = dying_with_parent(sys.executable, ["-m", "lockstep", *argv])
+    program, args = dying_with_parent(sys.executable, [*OWN_MODULE, *argv])
     try:
         with launch_scope() as logs:
             config = multinode_config(
@@ -308,7 +313,10 @@ def run_multinode_cli(
 
 def _program(argv: list[str]) -> tuple[str, list[str]]:
     """torchrun's entrypoint for `argv`: a `.py` script or `-m module` under this interpreter
-    (unbuffered, as torchrun runs it), anything else as a program of its own."""
+    (unbuffered, as torchrun runs it), anything else as a program of its own. lockstep's own
+    module runs with `-P` (`OWN_MODULE`); a user's script keeps its folder on sys.path."""
+    if argv[:2] == ["-m", "lockstep"]:
+        return sys.executable, ["-u", "-P", *argv]
     if argv[0].endswith(".py") or argv[0] == "-m":
         return sys.executable, ["-u", *argv]
     return argv[0], argv[1:]
