@@ -158,10 +158,10 @@ def load_rules(spec: str | Path) -> list[Rule]:
     if str(spec) == "default":
         return default_rules()
     path = Path(spec)
+    from lockstep.inputs import read_text
+
     try:
-        data = tomllib.loads(path.read_text())
-    except OSError as err:
-        raise UsageError(f"cannot read alert rules {path}: {err.strerror}") from None
+        data = tomllib.loads(read_text(path, "alert rules"))
     except tomllib.TOMLDecodeError as err:
         raise UsageError(f"{path}: not valid TOML ({err})") from None
     return parse_rules(data, str(path))

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from lockstep.inputs import positive_int, seconds
+
 NPROC = 2  # ranks per run
 TIMEOUT_S = 1800.0  # seconds per run
 
@@ -58,7 +60,7 @@ def overrides(parser: argparse.ArgumentParser) -> None:
 
 def nproc(parser: argparse.ArgumentParser, note: str = "") -> None:
     parser.add_argument(
-        "--nproc", type=int, default=NPROC, metavar="N",
+        "--nproc", type=positive_int, default=NPROC, metavar="N",
         help=f"ranks per run, started on this machine{note} (default {NPROC})",
     )  # fmt: skip
 
@@ -66,7 +68,7 @@ def nproc(parser: argparse.ArgumentParser, note: str = "") -> None:
 def steps(parser: argparse.ArgumentParser, script_steps: int, note: str = "") -> None:
     """`script_steps`: what a script runs without --steps (the command's own default)."""
     parser.add_argument(
-        "--steps", type=int, default=None, metavar="N",
+        "--steps", type=positive_int, default=None, metavar="N",
         help=f"optimizer steps per run{note} (default: the config's own; {script_steps} with "
         "--script)",
     )  # fmt: skip
@@ -74,7 +76,7 @@ def steps(parser: argparse.ArgumentParser, script_steps: int, note: str = "") ->
 
 def timeout(parser: argparse.ArgumentParser, note: str = "") -> None:
     parser.add_argument(
-        "--timeout", type=float, default=TIMEOUT_S, metavar="S",
+        "--timeout", type=seconds, default=TIMEOUT_S, metavar="S",
         help=f"seconds per run{note} (default {TIMEOUT_S:.0f}); a run past it is killed and its "
         "ranks' flight recorders name the collective each is in",
     )  # fmt: skip

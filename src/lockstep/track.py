@@ -298,18 +298,14 @@ def read(path: str | Path, missing: str = "") -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"no metrics at {path}" + (f": {missing}" if missing else ""))
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"cannot read metrics {path}: {err}") from None
+    from lockstep.inputs import load_json, read_text
+
+    text = read_text(path, "metrics")
     records = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise UsageError(f"{path}:{number}: not a JSON object ({err.msg})") from None
+        record = load_json(line, f"{path}:{number}")
         if not isinstance(record, dict):
             raise UsageError(f"{path}:{number}: not a JSON object")
         records.append(record)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from lockstep import job_options
 from lockstep.checks import registry
+from lockstep.inputs import positive_int
 
 SCRIPT_STEPS = 8  # a script's steps without --steps: plans.SCRIPT_STEPS (imported when it runs)
 
@@ -44,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--resume-nproc",
-        type=int,
+        type=positive_int,
         default=None,
         help="with CONFIG: resume on this many ranks instead of --nproc (ddp/fsdp reshard)",
     )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lockstep.errors import EXIT_FAIL, EXIT_OK, UsageError
+from lockstep.errors import EXIT_FAIL, EXIT_OK
+from lockstep.inputs import existing, writable
 
 
 def register(subparsers) -> None:
@@ -38,8 +39,8 @@ def fingerprint_command(args) -> int:
     from lockstep.env import fingerprint, shm
     from lockstep.env.summary import print_fingerprint
 
-    _writable(args.json)
-    fp = fingerprint.collect(lock=_existing(args.lock, "lock file"))
+    writable(args.json, "--json")
+    fp = fingerprint.collect(lock=existing(args.lock, "lock file"))
     if args.json:
         fingerprint.dump(fp, Path(args.json))
     shm_check = shm.check()
@@ -56,16 +57,3 @@ def diff_command(args) -> int:
     fields = compare.differing_fields(a, b, ignored)
     print_diff(fields, args.a, args.b)
     return EXIT_FAIL if fields else EXIT_OK
-
-
-def _existing(path: str | None, what: str) -> Path | None:
-    if path is None:
-        return None
-    if not Path(path).is_file():
-        raise UsageError(f"{what} {path} does not exist")
-    return Path(path)
-
-
-def _writable(path: str | None) -> None:
-    if path is not None and not Path(path).resolve().parent.is_dir():
-        raise UsageError(f"cannot write {path}: its folder does not exist")

@@ -83,12 +83,9 @@ def resalt(fp: dict) -> None:
 
 def load(path: Path) -> dict:
     """A saved fingerprint; bad files end with a one-line error."""
-    try:
-        data = json.loads(path.read_text())
-    except OSError as err:
-        raise UsageError(f"cannot read fingerprint {path}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise UsageError(f"{path} is not JSON ({err.msg} at line {err.lineno})") from None
+    from lockstep.inputs import read_json
+
+    data = read_json(path, "fingerprint")
     if not isinstance(data, dict) or data.get("schema") != SCHEMA or "sections" not in data:
         raise UsageError(
             f"{path} is not a lockstep fingerprint of schema {SCHEMA}; "

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from lockstep.errors import UsageError
+from lockstep.inputs import read_text
 
 LOCK_CANDIDATES = ("requirements/cpu.txt", "requirements/cuda.txt")
 NOT_LOCKED = {"lockstep"}
@@ -26,10 +27,7 @@ def canonicalize_name(name: str) -> str:
 
 def parse_lock(path: Path) -> dict[str, str]:
     """`name==version` pins of a lock, markers evaluated for this interpreter."""
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise UsageError(f"cannot read lock file {path}: {err.strerror}") from None
+    text = read_text(path, "lock file")
     pins: dict[str, str] = {}
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split(" #", 1)[0].strip().rstrip("\\").strip()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from lockstep.inputs import positive_int
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -23,7 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "is out of step. Exit 0 when nobody is, 1 when someone is.",
     )
     hang.add_argument("folder", type=Path, metavar="DIR", help="the folder of dumps")
-    hang.add_argument("--world", type=int, default=None, help="ranks expected (default: as dumped)")
+    hang.add_argument(
+        "--world", type=positive_int, default=None, help="ranks expected (default: as dumped)"
+    )
     hang.add_argument("--json", action="store_true", help="the report as JSON")
     hang.set_defaults(func=_hang)
 

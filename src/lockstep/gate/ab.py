@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -185,6 +184,23 @@ def findings(comparisons: list[Comparison], threshold: float, alpha: float) -> l
     return out
 
 
+TMP_PREFIX = "lockstep-ab-"  # then the pid of the gate ab that made it (`owned_tempdir`)
+
+
+def prune_orphans(repo: Path) -> None:
+    """What a `gate ab` killed before its cleanup (SIGKILL) left: its temporary folder and
+    the base worktree registered in `repo`."""
+    from lockstep.launch import orphaned_tempdirs
+
+    orphans = orphaned_tempdirs(TMP_PREFIX)
+    for path in orphans:
+        remove_worktree(repo, Path(path) / "base")
+        shutil.rmtree(path, ignore_errors=True)
+    if orphans:
+        subprocess.run(["git", "-C", str(repo), "worktree", "prune"], capture_output=True,
+                       check=False)  # fmt: skip
+
+
 def run_ab(
     job: Job,
     ref: str,
@@ -198,7 +214,7 @@ def run_ab(
 
     The worktree and the temporary folder go however it ends: SIGTERM and SIGHUP raise here
     (`signals_raise`) so the cleanup runs, Ctrl-C raises KeyboardInterrupt."""
-    from lockstep.launch import signals_deferred, signals_raise
+    from lockstep.launch import owned_tempdir, signals_deferred, signals_raise
 
     if job.run_path:  # forked ranks would run the base tree's script with this tree's lockstep
         raise UsageError(
@@ -206,6 +222,7 @@ def run_ab(
             "lockstep cannot: drop --run-path"
         )
     head_tree = repo_root(Path.cwd())
+    prune_orphans(head_tree)
     with signals_raise():
         tmp = None
         try:
@@ -214,7 +231,7 @@ def run_ab(
             # subprocess.run does when a signal raises, leaves the worktree registered and
             # locked "initializing").
             with signals_deferred():
-                tmp = Path(tempfile.mkdtemp(prefix="lockstep-ab-"))
+                tmp = Path(owned_tempdir(TMP_PREFIX))
                 base_tree = worktree(head_tree, ref, tmp)
             wd = workdir or tmp / "runs"
             base, head = alternate(job, base_tree, head_tree, rounds, wd, progress)

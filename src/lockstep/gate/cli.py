@@ -12,6 +12,7 @@ from pathlib import Path
 
 from lockstep import job_options
 from lockstep.errors import EXIT_USAGE
+from lockstep.inputs import positive_int
 
 DEFAULT_DIR = "gates"
 SCRIPT_STEPS = 20  # a script's steps without --steps: gate.job.DEFAULT_SCRIPT_STEPS
@@ -29,12 +30,16 @@ def register(subparsers) -> None:
 
     rec = sub.add_parser("record", help="run the job R times and write its golden")
     _job_args(rec)
-    rec.add_argument("--repeats", type=int, default=3, help="runs to take the spread from (3)")
+    rec.add_argument(
+        "--repeats", type=positive_int, default=3, help="runs to take the spread from (3)"
+    )
     rec.set_defaults(func=run_record)
 
     ref = sub.add_parser("refresh", help="record anew and show what moves from the old golden")
     _job_args(ref)
-    ref.add_argument("--repeats", type=int, default=3, help="runs to take the spread from (3)")
+    ref.add_argument(
+        "--repeats", type=positive_int, default=3, help="runs to take the spread from (3)"
+    )
     ref.set_defaults(func=run_refresh)
 
     chk = sub.add_parser("check", help="run the job once and compare it with its golden")
@@ -47,7 +52,9 @@ def register(subparsers) -> None:
         help="where no golden exists for this environment, record one into DIR for a "
         "maintainer to review and commit (still exit 2)",
     )
-    chk.add_argument("--repeats", type=int, default=3, help="runs for a --candidate golden (3)")
+    chk.add_argument(
+        "--repeats", type=positive_int, default=3, help="runs for a --candidate golden (3)"
+    )
     chk.set_defaults(func=run_check)
 
     cmp_ = sub.add_parser("compare", help="compare a metrics file a run already wrote")
@@ -60,7 +67,7 @@ def register(subparsers) -> None:
     _job_args(ab, named=False)
     _report_args(ab, plots=False)
     ab.add_argument("--base", required=True, metavar="REF", help="git ref to compare with")
-    ab.add_argument("--rounds", type=int, default=6, help="runs of each side (6)")
+    ab.add_argument("--rounds", type=positive_int, default=6, help="runs of each side (6)")
     ab.add_argument("--threshold", type=float, default=0.05, help="relative change (0.05)")
     ab.add_argument("--alpha", type=float, default=0.01, help="significance level (0.01)")
     ab.set_defaults(func=run_ab)

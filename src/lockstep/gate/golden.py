@@ -241,17 +241,13 @@ def read(path: str | Path) -> Golden:
 
 def load_data(path: Path) -> dict:
     """The parsed and validated JSON of a golden file (header and rows)."""
-    try:
-        text = path.read_text()
-    except OSError as err:
-        raise UsageError(f"cannot read golden {path}: {err.strerror}") from None
-    except UnicodeDecodeError:
-        raise UsageError(
-            f"{path} is not a valid golden (not UTF-8 text); record it again with "
-            "`lockstep gate refresh`"
-        ) from None
+    from lockstep.inputs import read_text
+
+    text = read_text(path, "golden")
     try:
         data = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise UsageError(f"{path} is not a valid golden (JSON nested too deep)") from None
     except ValueError as err:
         raise UsageError(
             f"{path} is not a valid golden ({err}); record it again with `lockstep gate refresh`"

@@ -38,6 +38,8 @@ _EXPORTS = {
     "die_with": "cleanup",
     "signals_deferred": "cleanup",
     "signals_raise": "cleanup",
+    "owned_tempdir": "cleanup",
+    "orphaned_tempdirs": "cleanup",
     "ABORT_SIGNATURE": "forensics",
     "aborted_at_exit": "forensics",
     "last_error_line": "forensics",

@@ -227,3 +227,20 @@ def end_group(proc: subprocess.Popen, grace: float) -> None:
             os.killpg(proc.pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace or 30)
+
+
+def owned_tempdir(prefix: str, suffix: str = "") -> str:
+    """A new temporary folder named after this process (`prefix` PID `-` ...), so that a later
+    run finds it orphaned when this process dies unable to remove it (SIGKILL)."""
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-{suffix}")
+
+
+def orphaned_tempdirs(prefix: str) -> list[str]:
+    """The `owned_tempdir`s of `prefix` whose process is gone."""
+    found = []
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+        pid = name.removeprefix(prefix).split("-")[0] if name.startswith(prefix) else ""
+        if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+            found.append(os.path.join(root, name))
+    return found

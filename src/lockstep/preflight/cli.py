@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from lockstep.env.cli import add_allow
+from lockstep.inputs import non_negative_int, positive_float, positive_int, seconds
 
 DESCRIPTION = (
     "Run on every rank: local checks, check-in, fingerprint comparison, collectives "
@@ -22,14 +23,14 @@ def register(subparsers) -> None:
     )
     pre.add_argument(
         "--nproc",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help="no launcher: start N local ranks through torchrun's launcher API (default 1)",
     )
     _add_multinode(pre)
     pre.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=seconds,
         default=60.0,
         metavar="S",
         help="seconds to wait for peers at each step (default 60)",
@@ -50,13 +51,13 @@ def _add_multinode(parser: argparse.ArgumentParser) -> None:
         "endpoint's port + 1, so a node that cannot start is named within --timeout)"
     )
     multi.add_argument(
-        "--nnodes", type=_positive_int, metavar="N", help="nodes in the job (one call per node)"
+        "--nnodes", type=positive_int, metavar="N", help="nodes in the job (one call per node)"
     )
     multi.add_argument(
-        "--node-rank", type=_non_negative_int, metavar="K", help="this node's index, 0..N-1"
+        "--node-rank", type=non_negative_int, metavar="K", help="this node's index, 0..N-1"
     )
     multi.add_argument(
-        "--nproc-per-node", type=_positive_int, metavar="n", help="ranks on each node (default 1)"
+        "--nproc-per-node", type=positive_int, metavar="n", help="ranks on each node (default 1)"
     )
     multi.add_argument(
         "--rdzv-endpoint", metavar="HOST:PORT", help="node 0's address and rendezvous port"
@@ -75,7 +76,7 @@ def _add_links(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--min-link-gbps",
-        type=_positive_float,
+        type=positive_float,
         metavar="GBPS",
         help="also fail a link below this many Gb/s (the verdict needs no fixed figure)",
     )
@@ -108,24 +109,3 @@ def _preflight(args: argparse.Namespace) -> int:
         allow=args.allow,
     )
     return start.run(options)
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
-    return value

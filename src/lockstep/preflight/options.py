@@ -14,9 +14,10 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
+from lockstep import extras
 from lockstep.errors import UsageError
+from lockstep.inputs import existing, writable
 from lockstep.launch import detect
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -67,9 +68,11 @@ class Options:
         """The options of these flags: the files they name checked (a missing lock, a folder
         that is not there: exit 2 before any rank starts), the multi-node flags resolved."""
         options = cls(**{**flags, "allow": tuple(flags.get("allow") or ())})
-        _existing(options.lock, "lock file")
-        _writable(options.json)
-        _writable(options.exclude_out)
+        existing(options.lock, "lock file")
+        writable(options.json, "--json")
+        writable(options.exclude_out, "--exclude-out")
+        if options.plot is not None:  # before any rank starts, not after the verdict
+            extras.require("lockstep preflight --plot", {"matplotlib": "the link heatmap"})
         multinode = _multinode(
             {
                 "nnodes": nnodes,
@@ -169,13 +172,3 @@ def parse_endpoint(text: str) -> tuple[str, int]:
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
-
-
-def _existing(path: str | None, what: str) -> None:
-    if path is not None and not Path(path).is_file():
-        raise UsageError(f"{what} {path} does not exist")
-
-
-def _writable(path: str | None) -> None:
-    if path is not None and not Path(path).resolve().parent.is_dir():
-        raise UsageError(f"cannot write {path}: its folder does not exist")

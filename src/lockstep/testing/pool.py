@@ -15,7 +15,6 @@ import multiprocessing
 import os
 import shutil
 import signal
-import tempfile
 import time
 from dataclasses import replace
 from multiprocessing.connection import wait
@@ -24,6 +23,7 @@ from pathlib import Path
 import psutil
 
 from lockstep.errors import LockstepError, RankTimeout
+from lockstep.launch.cleanup import orphaned_tempdirs, owned_tempdir
 from lockstep.testing import worker
 from lockstep.testing.worker import FAILED, PASSED, SKIPPED, XFAILED, Outcome, Task
 
@@ -42,7 +42,7 @@ class RankPool:
 
     def __init__(self, world_size: int, backend: str, start_timeout: float):
         self.world_size, self.backend, self.closed = world_size, backend, False
-        self.dir = Path(tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-{world_size}-"))
+        self.dir = Path(owned_tempdir(DIR_PREFIX, f"{world_size}-"))
         # gloo ranks fork from a server that imported torch once (lockstep.launch); nccl
         # ranks are spawned, each a new interpreter.
         from lockstep.launch import forkserver_context, free_port
@@ -270,10 +270,8 @@ class Pools:
 
 def _remove_orphaned_dirs() -> None:
     """Remove the directories of pools whose pytest process was killed before cleaning up."""
-    for path in Path(tempfile.gettempdir()).glob(f"{DIR_PREFIX}*"):
-        pid = path.name.removeprefix(DIR_PREFIX).split("-")[0]
-        if pid.isdigit() and not psutil.pid_exists(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
+    for path in orphaned_tempdirs(DIR_PREFIX):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _user_frames(stacks: str) -> str:

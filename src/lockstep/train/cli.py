@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from lockstep import job_options
+from lockstep.inputs import positive_int
 
 
 def register(subparsers) -> None:
@@ -30,7 +31,9 @@ def register(subparsers) -> None:
         description="One line per problem; exit 1 if there is any.",
     )
     ds.add_argument("file", help="ds_config.json")
-    ds.add_argument("--world-size", type=int, required=True, help="ranks the job will run on")
+    ds.add_argument(
+        "--world-size", type=positive_int, required=True, help="ranks the job will run on"
+    )
     ds.set_defaults(func=run_ds_config)
 
 

@@ -45,8 +45,13 @@ class ModelConfig(_Section):
     )
 
 
+# A count past these is a typo, not a batch any rank holds: bounded, so that a run config
+# like `batch.micro_size=1e23` is refused at once instead of looping while the data is built.
+MAX_BATCH = 2**20
+
+
 class DataConfig(_Section):
-    seq_len: int = Field(32, gt=1)
+    seq_len: int = Field(32, gt=1, le=MAX_BATCH)
     factory: str = Field("", description="'module:function(seq_len, vocab_size) -> Sequence'")
 
 
@@ -74,9 +79,13 @@ class OptimizerConfig(_Section):
 
 
 class BatchConfig(_Section):
-    micro_size: int = Field(4, gt=0, description="sequences per rank per micro step")
-    grad_accum: int = Field(0, ge=0, description="micro steps per optimizer step; 0: derive")
-    global_size: int = Field(0, ge=0, description="sequences per optimizer step; 0: derive")
+    micro_size: int = Field(4, gt=0, le=MAX_BATCH, description="sequences per rank per micro step")
+    grad_accum: int = Field(
+        0, ge=0, le=MAX_BATCH, description="micro steps per optimizer step; 0: derive"
+    )
+    global_size: int = Field(
+        0, ge=0, le=MAX_BATCH * 1024, description="sequences per optimizer step; 0: derive"
+    )
 
 
 class ClipConfig(_Section):
@@ -294,10 +303,10 @@ def from_dict(data: dict[str, Any], source: str = "config") -> RunConfig:
 def load_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
     """Read a TOML run config, apply `--set` overrides, validate."""
     path = Path(path)
+    from lockstep.inputs import read_text
+
     try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise UsageError(f"config file not found: {path}") from None
+        data = tomllib.loads(read_text(path, "config file"))
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{path}: not valid TOML ({exc})") from None
     return from_dict(apply_overrides(data, list(overrides)), str(path))

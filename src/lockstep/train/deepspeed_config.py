@@ -137,12 +137,9 @@ def load_user_config(cfg: RunConfig, world_size: int, model=None) -> dict[str, A
 
 
 def read_json(path: str | Path) -> dict[str, Any]:
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UsageError(f"DeepSpeed config not found: {path}") from None
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path}: not valid JSON ({exc})") from None
+    from lockstep.inputs import read_json
+
+    data = read_json(path, "DeepSpeed config")
     if not isinstance(data, dict):
         raise UsageError(f"{path}: a DeepSpeed config must be a JSON object")
     return data
@@ -170,6 +167,33 @@ def _auto_paths(node: Any, prefix: str = "") -> list[str]:
     return [prefix[:-1]] if node == "auto" else []
 
 
+_BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+_SECTIONS = ("zero_optimization", "fp16", "bf16", "optimizer", "scheduler")
+
+
+def _shape_problems(ds: dict[str, Any]) -> list[str]:
+    """Values of the wrong type, which DeepSpeed itself would fail on much later (or loop on):
+    a section that is no object, a batch size that is no positive integer nor "auto"."""
+    found = []
+    for key in _SECTIONS:
+        if key in ds and not isinstance(ds[key], dict):
+            found.append(f"{key} must be a JSON object, got {json.dumps(ds[key])[:40]}")
+    zero = ds.get("zero_optimization")
+    if isinstance(zero, dict):
+        for key in ("offload_optimizer", "offload_param"):
+            if zero.get(key) is not None and not isinstance(zero[key], dict):
+                found.append(f"zero_optimization.{key} must be a JSON object")
+        if "stage" in zero and zero["stage"] not in (0, 1, 2, 3):
+            found.append(f"zero_optimization.stage must be 0, 1, 2 or 3, got {zero['stage']!r}")
+    for key in _BATCH_KEYS:
+        value = ds.get(key)
+        if value is None or value == "auto":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            found.append(f'{key} must be a positive integer or "auto", got {json.dumps(value)}')
+    return found
+
+
 def problems(ds: dict[str, Any], world_size: int) -> list[str]:
     """Every problem in a DeepSpeed config, one line each; empty when it is fine."""
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
@@ -178,7 +202,9 @@ def problems(ds: dict[str, Any], world_size: int) -> list[str]:
         DeepSpeedZeroOffloadParamConfig,
     )
 
-    found = []
+    found = _shape_problems(ds)
+    if found:
+        return found  # the rules below read the values these name
     for key in sorted(set(ds) - _known_top_level()):
         found.append(f"unknown key '{key}': DeepSpeed has no such top-level setting")
     zero = ds.get("zero_optimization") or {}
