@@ -10,6 +10,7 @@ from pathlib import Path
 
 from lockstep.errors import EXIT_FAIL, EXIT_OK
 from lockstep.job_options import JobOptions
+from lockstep.redact import escape_controls
 
 
 @dataclass(frozen=True)
@@ -90,9 +91,9 @@ def _print_recorded(g) -> None:
     banded = {m: c["tol_rel"] for m, c in curves.items() if not c["exact"]}
     print(f"lockstep gate: wrote {g.path} ({g.steps.size} steps, {g.header['repeats']} repeats)")
     if exact:
-        print(f"  exact (repeats bitwise identical): {', '.join(exact)}")
+        print(f"  exact (repeats bitwise identical): {escape_controls(', '.join(exact))}")
     for m, tol in sorted(banded.items()):
-        print(f"  {m}: band ±{tol:.3g} relative")
+        print(f"  {escape_controls(m)}: band ±{tol:.3g} relative")
     for name, rec in g.header["perf"].items():
         limit = rec["threshold_rel"] if rec["threshold_rel"] is not None else rec["threshold_abs"]
         gated = "" if rec["gated"] else " (not gated: step timing is logged)"
@@ -122,13 +123,15 @@ def refresh(o: GateRun) -> int:
     for m in moves:
         if "perf_change" in m:
             change = m["perf_change"]
-            print(f"  {m['metric']}: {'n/a' if change is None else f'{change:+.1%}'}")
+            print(
+                f"  {escape_controls(m['metric'])}: {'n/a' if change is None else f'{change:+.1%}'}"
+            )
         elif "note" in m:
-            print(f"  {m['metric']}: {m['note']}")
+            print(f"  {escape_controls(m['metric'])}: {escape_controls(m['note'])}")
         else:
             where = f", first at step {m['first_changed_step']}" if m["steps_changed"] else ""
             print(
-                f"  {m['metric']}: max abs change {m['max_abs_change']:.6g}, max rel change "
+                f"  {escape_controls(m['metric'])}: max abs change {m['max_abs_change']:.6g}, max rel change "
                 f"{m['max_rel_change']:.3g}, {m['steps_changed']} of {m['steps_compared']} "
                 f"steps changed{where}"
             )
@@ -226,9 +229,11 @@ def evaluate_alerts(rules_file: str, metrics: Path, json_path: Path | None) -> i
     rules = alerts.load_rules(rules_file)
     fired, unevaluated = alerts.evaluate(rules, read_rows(metrics))
     for alert in fired:
-        print(f"lockstep: {alert.message()}")
+        print(f"lockstep: {escape_controls(alert.message())}")
     for rule in unevaluated:
-        print(f"lockstep: rule {rule.name} not evaluated: no row has '{rule.metric}'")
+        print(
+            f"lockstep: rule {escape_controls(rule.name)} not evaluated: no row has '{escape_controls(rule.metric)}'"
+        )
     print(f"lockstep: {len(fired)} alerts from {len(rules)} rules over {metrics}")
     if json_path:
         json_path.write_text(

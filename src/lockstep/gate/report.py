@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from lockstep.gate.compare import Finding
-from lockstep.redact import redact_mapping, scrub_text
+from lockstep.redact import escape_controls, redact_mapping, scrub_text
 from lockstep.summary_md import md_cell
 from lockstep.summary_md import step_summary as step_summary  # gate.commands's report.step_summary
 
@@ -21,25 +21,30 @@ def rows(findings: list[Finding]) -> list[tuple[str, str, str, str]]:
     return [(f.status, f.gate, f.metric, f.message) for f in findings]
 
 
+def shown(text: str) -> str:
+    """Text for the terminal: secrets redacted, control characters escaped (a metric named
+    with terminal escape codes moves no cursor), no rich markup."""
+    from rich.markup import escape
+
+    return escape(escape_controls(scrub_text(text)))
+
+
 def show(title: str, findings: list[Finding], notes: list[str] = ()) -> None:
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     console = Console(soft_wrap=False)
     if not console.is_terminal:  # CI logs: wide enough for a row per finding
         console.width = max(console.width, 140)
-    table = Table(title=escape(scrub_text(title)), show_lines=False, expand=False)
+    table = Table(title=shown(title), show_lines=False, expand=False)
     for col in ("", "gate", "metric", "result"):
         table.add_column(col, overflow="fold")
     style = {"pass": "green", "fail": "bold red", "skip": "yellow"}
     for status, gate, metric, message in rows(findings):
-        table.add_row(
-            f"[{style[status]}]{status}[/]", gate, escape(metric), escape(scrub_text(message))
-        )
+        table.add_row(f"[{style[status]}]{status}[/]", gate, shown(metric), shown(message))
     console.print(table)
     for note in notes:
-        console.print(escape(scrub_text(note)))
+        console.print(shown(note))
     for f in findings:
         if f.failed and f.failing:
             listed = ", ".join(
@@ -48,7 +53,7 @@ def show(title: str, findings: list[Finding], notes: list[str] = ()) -> None:
                 for p in f.failing[:8]
             )
             more = f" … {len(f.failing) - 8} more in --json" if len(f.failing) > 8 else ""
-            console.print(escape(f"  {f.metric} new values at failing steps: {listed}{more}"))
+            console.print(shown(f"  {f.metric} new values at failing steps: {listed}{more}"))
 
 
 def to_json(path: Path, payload: dict) -> None:
