@@ -32,7 +32,7 @@ def read_text(path: str | Path, what: str) -> str:
             )
         return path.read_bytes().decode("utf-8")
     except FileNotFoundError:
-        raise UsageError(f"{what} {path} does not exist") from None
+        raise UsageError(f"{what} not found: {path}") from None
     except UnicodeDecodeError as err:
         raise UsageError(
             f"{what} {path} is not UTF-8 text (byte {err.start}): give the {what} itself"

@@ -376,7 +376,7 @@ def test_shipped_default_rules_and_bad_rules_files(tmp_path):
     bad.write_text('[[rule]]\nmetric = "loss"\nwhen = "sideways"\n')
     with pytest.raises(UsageError, match="rule 1: 'when' must be one of above, below, nonfinite"):
         alerts.load_rules(bad)
-    with pytest.raises(UsageError, match="cannot read alert rules"):
+    with pytest.raises(UsageError, match="alert rules not found: "):
         alerts.load_rules(tmp_path / "missing.toml")
 
 
