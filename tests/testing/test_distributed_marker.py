@@ -5,11 +5,14 @@ tell that no process of that run outlived it. Timeouts are short to keep the sui
 """
 
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -260,12 +263,14 @@ def test_sleep(rank):
 """
 
 
-def test_ranks_die_with_a_killed_pytest(pytester, tagged, tmp_path, monkeypatch):
+def test_ranks_die_with_a_killed_pytest(pytester, tagged, tmp_path, monkeypatch, request):
     pytester.makepyfile(test_killed=KILLED)
     # A temp folder of these sessions' own: any other pytest session starting meanwhile (the
     # tier's other workers start inner ones) would remove the orphaned pool directory first.
-    temp = tmp_path / "tmp"
-    temp.mkdir()
+    # Short, beside /tmp, not under tmp_path: the forkserver's AF_UNIX socket goes in it, and
+    # a path past 107 bytes cannot be bound (pytest's numbered folders grow run after run).
+    temp = Path(tempfile.mkdtemp(prefix="lsk-"))
+    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
     monkeypatch.setenv("TMPDIR", str(temp))
     inner = subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"],
