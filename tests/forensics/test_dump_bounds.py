@@ -83,6 +83,20 @@ def test_a_tiny_pickle_with_a_huge_memo_index(tmp_path, crafted):
     assert peak < 256 * 2**20 and took < 10, (peak, took)
 
 
+def test_sequence_numbers_far_apart_are_read_in_time(tmp_path):
+    """Two dumps of #1 and #10**15 looped forever in `_first_disagreement`."""
+    folder = _folder(tmp_path, rank_0=far_apart(), rank_1=far_apart())
+    code, out, err, _, took = _hang(folder, timeout=30)
+    assert code == 1, err[-2000:]
+    assert "ranks 0, 1 wait in all_reduce #1000000000000000" in out
+    assert took < 10, took
+    folder = _folder(tmp_path / "b", rank_0=far_apart(), rank_1=far_apart("broadcast"))
+    code, out, err, _, took = _hang(folder, timeout=30)
+    assert code == 1, err[-2000:]
+    assert "no majority at #1000000000000000" in out and "rank 1: broadcast" in out
+    assert took < 10, took
+
+
 def test_a_sequence_number_past_torchs_int64(tmp_path):
     folder = _folder(tmp_path, rank_0=far_apart(seq=2**64), rank_1=far_apart())
     code, out, err, _, _ = _hang(folder)

@@ -15,6 +15,7 @@ against ranks that wait in it.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
@@ -257,11 +258,13 @@ def last_agreed(dumps: dict[int, dict]) -> tuple[str, int, Group] | None:
 def _first_disagreement(views: dict[int, _RankView], before: int) -> int | None:
     """The first sequence number below `before` whose entries differ between ranks (sizes
     that differ but fit, which gloo lets through; a rank's status can lag behind its entries),
-    among those every rank still holds."""
+    among those every rank still holds. Only the numbers the ranks hold are looked at, however
+    far apart (a dump's own may jump: #1, then #10**15)."""
     if len(views) < 2:
         return None
     start = max(min(v.entries) for v in views.values())
-    for s in range(start, before):
+    held = sorted({s for v in views.values() for s in v.entries if start <= s < before})
+    for s in held:
         sigs = {_signature(v.entries[s]) for v in views.values() if s in v.entries}
         if len(sigs) > 1:
             return s
@@ -341,22 +344,20 @@ def sizes_text(sizes, dtypes) -> str:
 
 
 def ranks_text(ranks: list[int]) -> str:
-    ranks = sorted(ranks)
+    ranks = sorted(set(ranks))
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
-    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+    if len(ranks) > 2 and len(ranks) == ranks[-1] - ranks[0] + 1:  # consecutive
         return f"ranks {ranks[0]}-{ranks[-1]}"
     return "ranks " + ", ".join(map(str, ranks))
 
 
 def _parse_ranks(config) -> set[int]:
+    """A process group's ranks (`dumps.checked` made them a list; torch writes "[0, 1]")."""
     raw = config.get("ranks") if isinstance(config, dict) else None
     if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except ValueError:
-            return set()
-    return {int(r) for r in raw or [] if isinstance(r, int | str) and str(r).isdigit()}
+        raw = [int(r) for r in re.findall(r"\d+", raw) if len(r) < 8]
+    return {r for r in raw or [] if type(r) is int and r >= 0}
 
 
 def counts(report: Report) -> Counter:
