@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from lockstep.cli import main
-from lockstep.forensics import bounds, dumps, unpickle
+from lockstep.forensics import analysis, bounds, dumps, unpickle
 from support.flight_recorder import (
     dump,
     far_apart,
@@ -178,7 +178,7 @@ def test_the_folders_dumps_share_one_budget(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bounds, "MAX_SECONDS", 0.0)
     monkeypatch.setattr(bounds, "MAX_MEMORY", 256 * 2**20)
     assert main(["forensics", "hang", str(folder)]) == 2
-    assert "over the 0 s lockstep reads a folder of dumps within" in capsys.readouterr().err
+    assert "over the 0 s lockstep reads and analyses a folder of dumps" in capsys.readouterr().err
 
 
 MALFORMED = {
@@ -267,3 +267,19 @@ def test_the_reader_reads_what_pickle_writes():
     assert unpickle.load(pickle.dumps(extra, protocol=5), bounds.Budget()) == extra
     with pytest.raises(dumps.DumpError, match=r"refused: the dump names builtins\.set"):
         unpickle.load(pickle.dumps(extra, protocol=3), bounds.Budget())
+
+
+def test_the_analysis_is_within_the_deadline_too():
+    """The deadline covers the analysis after the reading: it looks at the clock for each
+    rank and process group (many process groups, each out of step, took seconds)."""
+    calls = []
+
+    def clock():
+        calls.append(1)
+        if len(calls) > 2:
+            raise bounds.OutOfBounds("late")
+
+    d = {r: dump(2, ["all_reduce", "broadcast" if r else "all_gather"]) for r in range(2)}
+    with pytest.raises(bounds.OutOfBounds):
+        analysis.analyse(d, clock=clock)
+    assert len(calls) == 3  # two ranks, then the one process group

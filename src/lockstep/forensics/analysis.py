@@ -84,12 +84,16 @@ class Report:
 
 
 def analyse(dumps: dict[int, dict], *, stacks: dict[int, str] | None = None,
-            world: int | None = None, problems: list[str] | None = None) -> Report:  # fmt: skip
-    """The report for `dumps` (rank -> a dump's dict); `world`: ranks expected (0..world-1)."""
-    stacks = stacks or {}
+            world: int | None = None, problems: list[str] | None = None,
+            clock=None) -> Report:  # fmt: skip
+    """The report for `dumps` (rank -> a dump's dict); `world`: ranks expected (0..world-1).
+    `clock()`, called for each rank and process group, raises past a deadline (the time
+    taken is in proportion to the entries, whatever their sequence numbers)."""
+    stacks, clock = stacks or {}, clock or (lambda: None)
     groups: dict[str, dict[int, _RankView]] = {}
     members: dict[str, set[int]] = {}
     for rank, data in dumps.items():
+        clock()
         for name, view in _views(data).items():
             groups.setdefault(name, {})[rank] = view
         for name, config in (data.get("pg_config") or {}).items():
@@ -100,6 +104,7 @@ def analyse(dumps: dict[int, dict], *, stacks: dict[int, str] | None = None,
     no_dump = sorted(expected - set(dumps))
     findings = []
     for name, views in sorted(groups.items()):
+        clock()
         found = _finding(name, views)
         if found:
             found.stacks = {r: _main_stack(stacks[r]) for r in found.odd if stacks.get(r)}
@@ -343,12 +348,15 @@ def sizes_text(sizes, dtypes) -> str:
     return f"{shapes} {types}".strip()
 
 
-def ranks_text(ranks: list[int]) -> str:
+def ranks_text(ranks: list[int], most: int = 16) -> str:
+    """ "rank 3", "ranks 0-3", "ranks 0, 2, 5"; past `most` ranks, the first ones and how many."""
     ranks = sorted(set(ranks))
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
     if len(ranks) > 2 and len(ranks) == ranks[-1] - ranks[0] + 1:  # consecutive
         return f"ranks {ranks[0]}-{ranks[-1]}"
+    if len(ranks) > most:
+        return f"ranks {', '.join(map(str, ranks[:most]))}, ... ({len(ranks)} ranks)"
     return "ranks " + ", ".join(map(str, ranks))
 
 

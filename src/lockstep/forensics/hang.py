@@ -49,7 +49,8 @@ def report(folder: Path, log_text: str | None = None, world: int | None = None,
             continue
     problems = [p for p in problems if not p.startswith(TRIGGER)]
     result = analysis.analyse({r: d.data for r, d in found.items()}, stacks=stacks,
-                              world=world, problems=problems)  # fmt: skip
+                              world=world, problems=problems,
+                              clock=budget.clock if strict else None)  # fmt: skip
     if log_text:
         _aborted(result, log_text, {r: d.data for r, d in found.items()})
     return result
