@@ -283,3 +283,16 @@ def test_the_analysis_is_within_the_deadline_too():
     with pytest.raises(bounds.OutOfBounds):
         analysis.analyse(d, clock=clock)
     assert len(calls) == 3  # two ranks, then the one process group
+
+
+def test_a_dumps_text_is_shown_escaped(tmp_path, capsys):
+    """An op's name, a process group's and a rank's stack come from files: their control
+    characters (a newline, a terminal escape) are shown escaped, and long ones cut."""
+    d = [dump(2, ["all_reduce", op]) for op in ("all_gather", "evil\x1b[2J\nname" + "x" * 500)]
+    d[1]["entries"][1]["process_group"] = ("0", "default_pg")
+    folder = _folder(tmp_path, rank_0=pickled(d[0]), rank_1=pickled(d[1]))
+    (folder / "rank_1.stacks").write_text('File "train.py", line 9 in step\x1b[31m\n')
+    assert main(["forensics", "hang", str(folder)]) == 1
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "evil\\x1b[2J\\nname" in out, out
+    assert "x" * 200 not in out and 'train.py", line 9 in step\\x1b[31m' in out

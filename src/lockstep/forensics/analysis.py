@@ -19,6 +19,8 @@ import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+from lockstep.forensics.bounds import shown
+
 NOT_REACHED = "not reached"
 
 
@@ -128,7 +130,7 @@ class _RankView:
 
 def _pg_key(name, config) -> str:
     desc = config.get("desc", "") if isinstance(config, dict) else ""
-    return f"{name} ({desc})" if desc else str(name)
+    return f"{shown(name, 200)} ({shown(desc, 200)})" if desc else shown(name, 200)
 
 
 def _views(data: dict) -> dict[str, _RankView]:
@@ -139,7 +141,7 @@ def _views(data: dict) -> dict[str, _RankView]:
         if e.get("is_p2p") or not e.get("collective_seq_id"):
             continue
         pg = e.get("process_group") or (str(e.get("pg_id", 0)), "")
-        key = f"{pg[0]} ({pg[1]})" if len(pg) > 1 and pg[1] else str(pg[0])
+        key = _pg_key(pg[0], {"desc": pg[1] if len(pg) > 1 else ""})
         names[key] = str(pg[0])
         by_pg.setdefault(key, {})[int(e["collective_seq_id"])] = e
     views = {}
@@ -158,7 +160,7 @@ def _views(data: dict) -> dict[str, _RankView]:
 
 def _op(entry: dict) -> str:
     name = str(entry.get("profiling_name", "?"))
-    return name.split(":", 1)[1] if ":" in name else name
+    return shown(name.split(":", 1)[1] if ":" in name else name, 200)
 
 
 def _signature(entry: dict) -> tuple:
@@ -331,7 +333,7 @@ def _broke_tie(groups, major, predicted) -> bool:
 
 def _main_stack(text: str) -> str:
     """faulthandler's dump without lockstep's own threads (the recorder's, `die_with`'s) and
-    frames, at most 20 lines."""
+    frames, at most 20 lines (their control characters escaped: a `.stacks` file is input)."""
     blocks = [b for b in text.split("\n\n") if b.strip() and "in _watch" not in b
               and "launch/cleanup.py" not in b]  # fmt: skip
     blocks = [b for b in blocks if "excepthook" not in b] or blocks  # the Traceback says it
@@ -339,12 +341,12 @@ def _main_stack(text: str) -> str:
         ln for b in blocks for ln in b.strip().splitlines()
         if not ln.startswith("# ") and "lockstep/forensics" not in ln
     ]  # fmt: skip
-    return "\n".join(lines[:20])
+    return "\n".join(shown(ln, 300) for ln in lines[:20])
 
 
 def sizes_text(sizes, dtypes) -> str:
     shapes = ", ".join(str(list(s)) for s in (sizes or []))
-    types = ", ".join(sorted(set(dtypes or [])))
+    types = ", ".join(shown(t, 40) for t in sorted(set(dtypes or [])))
     return f"{shapes} {types}".strip()
 
 

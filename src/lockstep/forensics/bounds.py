@@ -38,9 +38,15 @@ def mib(n: int) -> str:
     return f"{n / 2**20:g} MiB"
 
 
-def shown(name: str) -> str:
-    """`name` (a file's, a folder's) with its control characters escaped: one line."""
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in str(name))
+def shown(name, most: int | None = None) -> str:
+    """`name` (a file's, a folder's, a dump's text) with its control characters escaped, at
+    most `most` characters of it: one line, no terminal escape."""
+    text = str(name)[:most]
+    return (
+        text
+        if text.isprintable()
+        else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    )
 
 
 class Budget:
