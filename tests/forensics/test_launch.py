@@ -79,8 +79,8 @@ def test_helpers_a_rank_starts_leave_its_dump_alone(tmp_path, run_path):
     one crashes (it asked every rank for its dump, so the real crash was not recorded). The
     watcher arms in the rank's own process only: the dumps record the real crash."""
     log = tmp_path / "run.log"
-    done = launch([HELPERS, "crash", "1"], 2, log, env=_env(), timeout=120, run_path=run_path,
-                  forensics=dumps_folder(log))  # fmt: skip
+    done = launch([HELPERS, "crash", "1", str(tmp_path)], 2, log, env=_env(), timeout=120,
+                  run_path=run_path, forensics=dumps_folder(log))  # fmt: skip
     text = log.read_text()
     assert done.code not in (0, None) and "RuntimeError: a helper crashed" in text, text[-3000:]
     folder = dumps_folder(log)
