@@ -106,3 +106,17 @@ def test_the_restricted_unpickler_refuses_a_planted_pickle(tmp_path, capsys):
     assert "pwned" not in capsys.readouterr().out
     with pytest.raises(dumps.DumpError):
         dumps.loads(pickle.dumps({"entries": [], "x": dumps.Dump}))
+
+
+def test_rank_numbers_far_apart_and_ranks_text_deep():
+    """Ranks named far apart (their text listed every rank between), and a process group's
+    ranks as text nested deep (json.loads recursed): named, and read as numbers."""
+    assert analysis.ranks_text([3, 2, 10**12]) == "ranks 2, 3, 1000000000000"
+    assert analysis.ranks_text([4, 2, 3]) == "ranks 2-4"
+    assert analysis.ranks_text(range(0, 40000, 2)) == (
+        "ranks 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, ... (20000 ranks)"
+    )  # in every finding's headline: 20000 of them took GBs
+    d = {r: dump(2, [*HISTORY, "all_reduce"]) for r in range(2)}
+    d[0]["pg_config"]["0"]["ranks"] = "[" * 100_000 + "0, 1, 5" + "]" * 100_000
+    report = analysis.analyse(d)
+    assert report.no_dump == [5]

@@ -24,6 +24,7 @@ from support.inprocess import run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 PLANTED = str(Path(__file__).parent / "scripts" / "planted.py")
+HELPERS = str(Path(__file__).parent / "scripts" / "helpers.py")
 PLANT_SITE = str(ROOT / "tests" / "support" / "plant_site")
 STUCK_DATA = ["--set", "data.factory=support.planted_job:dataset"]
 REPORT = re.compile(r"\(report: (\S+report\.txt)\)")
@@ -122,11 +123,12 @@ def test_a_gate_jobs_timeout_names_the_collective(tmp_path):
 # ----------------------------------------------------------- the kinds of hang, real ranks
 
 
-def _hung(mode: str, odd: int, nproc: int, tmp_path: Path, run_path: bool, timeout: float):
+def _hung(mode: str, odd: int, nproc: int, tmp_path: Path, run_path: bool, timeout: float,
+          script: str = PLANTED):  # fmt: skip
     log = tmp_path / "run.log"
 
     def attempt(t):
-        done = launch([PLANTED, mode, str(odd)], nproc, log, env=_env(), timeout=t,
+        done = launch([script, mode, str(odd)], nproc, log, env=_env(), timeout=t,
                       run_path=run_path, forensics=dumps_folder(log))  # fmt: skip
         assert done.code is None, log.read_text()[-2000:]  # timed out
         report = done.report()
@@ -158,6 +160,18 @@ def test_a_new_interpreter_on_4_ranks_blocked_in_gloo_is_named(tmp_path):
                                  "all_gather #2"), f.headline  # fmt: skip
     assert "dist.broadcast(t, 0)" in Path(PLANTED).read_text()
     assert 'planted.py", line' in f.stacks[3]
+
+
+def test_helpers_a_rank_starts_leave_the_dump_of_a_hang_alone(tmp_path):
+    """Each rank starts a helper interpreter that imports torch and exits after its rank
+    dumped, and one that crashes (it made every rank dump at once, before the hang): the
+    dumps record the hang (scripts/helpers.py)."""
+    report = _hung("hang", 1, 2, tmp_path, run_path=False, timeout=8.0, script=HELPERS)
+    (f,) = report.findings
+    assert f.odd == [0, 1] and f.seq == 2, report.text()
+    text = report.text()
+    assert "rank 0: all_gather (in [4] Float, out [2, 4] Float)" in text
+    assert "rank 1: broadcast (in [4] Float)" in text
 
 
 @pytest.mark.parametrize(("nproc", "odd"), [(2, 1), (4, 0)])

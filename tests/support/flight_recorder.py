@@ -1,8 +1,10 @@
-"""Flight-recorder dumps as torch 2.13 writes them (`_dump_fr_trace()` on gloo ranks)."""
+"""Flight-recorder dumps as torch 2.13 writes them (`_dump_fr_trace()` on gloo ranks), and dumps
+crafted past the reader's bounds (`lockstep.forensics.bounds`)."""
 
 from __future__ import annotations
 
 import pickle
+import struct
 
 
 def entry(seq: int, op: str, size=(4,), dtype="Float", pg=("0", "default_pg"), out=None):
@@ -39,3 +41,41 @@ def dump(world: int, ops: list, completed: int | None = None, version="2.10") ->
 
 def pickled(d: dict) -> bytes:
     return pickle.dumps(d)
+
+
+# ------------------------------------------------- crafted dumps past the reader's bounds
+
+
+def memo_pickle(index: int, text: bool = False) -> bytes:
+    """A tiny pickle storing an empty dict at memo `index`: LONG_BINPUT (4 bytes: 9 bytes in
+    all with protocol 2), after a BINPUT 0; or the text PUT of protocol 0. The C unpickler
+    makes its memo an array as long as the index (16 bytes an index: 1 GiB for 2**26)."""
+    if text:
+        return b"}p%d\n." % index
+    return b"\x80\x02}q\x00r" + struct.pack("<I", index) + b"."
+
+
+def far_apart(op: str = "all_reduce", seq: int = 10**15) -> bytes:
+    """A dump of two collectives, #1 and #`seq`, the last one pending (about 200 bytes)."""
+    d = {
+        "version": "2.10",
+        "pg_status": {"0": {"last_enqueued_collective": seq, "last_completed_collective": seq - 1}},
+        "entries": [{"collective_seq_id": 1, "profiling_name": "gloo:all_reduce"},
+                    {"collective_seq_id": seq, "profiling_name": f"gloo:{op}"}],
+    }  # fmt: skip
+    return pickle.dumps(d)
+
+
+def nested_pickle(depth: int) -> bytes:
+    """A dump whose one entry's input_sizes are `depth` lists, one in the other (spliced in
+    opcodes: pickle.dumps would recurse that deep)."""
+    head = pickle.dumps({"entries": [{"collective_seq_id": 1, "input_sizes": 0}]}, protocol=2)
+    assert head.count(b"K\x00") == 1  # the 0 the lists replace
+    return head.replace(b"K\x00", b"]" * depth + b"a" * (depth - 1))
+
+
+def nested_json(depth: int) -> bytes:
+    return b'{"entries": [{"collective_seq_id": 1, "input_sizes": %s%s}]}' % (
+        b"[" * depth,
+        b"]" * depth,
+    )

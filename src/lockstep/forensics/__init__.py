@@ -4,7 +4,8 @@
   Python stack) into a folder lockstep owns when lockstep asks, and on an uncaught exception;
   `site/sitecustomize.py` installs it in a user's script started as a new interpreter;
 - `collect`: the launching side: the ranks' environment, asking live ranks for their dumps;
-- `dumps`: reading dumps back with a restricted unpickler (I/O);
+- `dumps`: reading dumps back (I/O), with `unpickle` (a bounded restricted unpickler) and
+  within `bounds` (what a folder of dumps may take: memory, time, nesting, ...);
 - `analysis`: who is out of step, per process group and sequence number (pure);
 - `cli`: `lockstep forensics hang DIR [--json]` for dumps a job wrote itself.
 """

@@ -15,8 +15,11 @@ against ranks that wait in it.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+
+from lockstep.forensics.bounds import shown
 
 NOT_REACHED = "not reached"
 
@@ -83,12 +86,16 @@ class Report:
 
 
 def analyse(dumps: dict[int, dict], *, stacks: dict[int, str] | None = None,
-            world: int | None = None, problems: list[str] | None = None) -> Report:  # fmt: skip
-    """The report for `dumps` (rank -> a dump's dict); `world`: ranks expected (0..world-1)."""
-    stacks = stacks or {}
+            world: int | None = None, problems: list[str] | None = None,
+            clock=None) -> Report:  # fmt: skip
+    """The report for `dumps` (rank -> a dump's dict); `world`: ranks expected (0..world-1).
+    `clock()`, called for each rank and process group, raises past a deadline (the time
+    taken is in proportion to the entries, whatever their sequence numbers)."""
+    stacks, clock = stacks or {}, clock or (lambda: None)
     groups: dict[str, dict[int, _RankView]] = {}
     members: dict[str, set[int]] = {}
     for rank, data in dumps.items():
+        clock()
         for name, view in _views(data).items():
             groups.setdefault(name, {})[rank] = view
         for name, config in (data.get("pg_config") or {}).items():
@@ -99,6 +106,7 @@ def analyse(dumps: dict[int, dict], *, stacks: dict[int, str] | None = None,
     no_dump = sorted(expected - set(dumps))
     findings = []
     for name, views in sorted(groups.items()):
+        clock()
         found = _finding(name, views)
         if found:
             found.stacks = {r: _main_stack(stacks[r]) for r in found.odd if stacks.get(r)}
@@ -122,7 +130,7 @@ class _RankView:
 
 def _pg_key(name, config) -> str:
     desc = config.get("desc", "") if isinstance(config, dict) else ""
-    return f"{name} ({desc})" if desc else str(name)
+    return f"{shown(name, 200)} ({shown(desc, 200)})" if desc else shown(name, 200)
 
 
 def _views(data: dict) -> dict[str, _RankView]:
@@ -133,7 +141,7 @@ def _views(data: dict) -> dict[str, _RankView]:
         if e.get("is_p2p") or not e.get("collective_seq_id"):
             continue
         pg = e.get("process_group") or (str(e.get("pg_id", 0)), "")
-        key = f"{pg[0]} ({pg[1]})" if len(pg) > 1 and pg[1] else str(pg[0])
+        key = _pg_key(pg[0], {"desc": pg[1] if len(pg) > 1 else ""})
         names[key] = str(pg[0])
         by_pg.setdefault(key, {})[int(e["collective_seq_id"])] = e
     views = {}
@@ -152,7 +160,7 @@ def _views(data: dict) -> dict[str, _RankView]:
 
 def _op(entry: dict) -> str:
     name = str(entry.get("profiling_name", "?"))
-    return name.split(":", 1)[1] if ":" in name else name
+    return shown(name.split(":", 1)[1] if ":" in name else name, 200)
 
 
 def _signature(entry: dict) -> tuple:
@@ -257,11 +265,13 @@ def last_agreed(dumps: dict[int, dict]) -> tuple[str, int, Group] | None:
 def _first_disagreement(views: dict[int, _RankView], before: int) -> int | None:
     """The first sequence number below `before` whose entries differ between ranks (sizes
     that differ but fit, which gloo lets through; a rank's status can lag behind its entries),
-    among those every rank still holds."""
+    among those every rank still holds. Only the numbers the ranks hold are looked at, however
+    far apart (a dump's own may jump: #1, then #10**15)."""
     if len(views) < 2:
         return None
     start = max(min(v.entries) for v in views.values())
-    for s in range(start, before):
+    held = sorted({s for v in views.values() for s in v.entries if start <= s < before})
+    for s in held:
         sigs = {_signature(v.entries[s]) for v in views.values() if s in v.entries}
         if len(sigs) > 1:
             return s
@@ -323,7 +333,7 @@ def _broke_tie(groups, major, predicted) -> bool:
 
 def _main_stack(text: str) -> str:
     """faulthandler's dump without lockstep's own threads (the recorder's, `die_with`'s) and
-    frames, at most 20 lines."""
+    frames, at most 20 lines (their control characters escaped: a `.stacks` file is input)."""
     blocks = [b for b in text.split("\n\n") if b.strip() and "in _watch" not in b
               and "launch/cleanup.py" not in b]  # fmt: skip
     blocks = [b for b in blocks if "excepthook" not in b] or blocks  # the Traceback says it
@@ -331,32 +341,33 @@ def _main_stack(text: str) -> str:
         ln for b in blocks for ln in b.strip().splitlines()
         if not ln.startswith("# ") and "lockstep/forensics" not in ln
     ]  # fmt: skip
-    return "\n".join(lines[:20])
+    return "\n".join(shown(ln, 300) for ln in lines[:20])
 
 
 def sizes_text(sizes, dtypes) -> str:
     shapes = ", ".join(str(list(s)) for s in (sizes or []))
-    types = ", ".join(sorted(set(dtypes or [])))
+    types = ", ".join(shown(t, 40) for t in sorted(set(dtypes or [])))
     return f"{shapes} {types}".strip()
 
 
-def ranks_text(ranks: list[int]) -> str:
-    ranks = sorted(ranks)
+def ranks_text(ranks: list[int], most: int = 16) -> str:
+    """ "rank 3", "ranks 0-3", "ranks 0, 2, 5"; past `most` ranks, the first ones and how many."""
+    ranks = sorted(set(ranks))
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
-    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+    if len(ranks) > 2 and len(ranks) == ranks[-1] - ranks[0] + 1:  # consecutive
         return f"ranks {ranks[0]}-{ranks[-1]}"
+    if len(ranks) > most:
+        return f"ranks {', '.join(map(str, ranks[:most]))}, ... ({len(ranks)} ranks)"
     return "ranks " + ", ".join(map(str, ranks))
 
 
 def _parse_ranks(config) -> set[int]:
+    """A process group's ranks (`dumps.checked` made them a list; torch writes "[0, 1]")."""
     raw = config.get("ranks") if isinstance(config, dict) else None
     if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except ValueError:
-            return set()
-    return {int(r) for r in raw or [] if isinstance(r, int | str) and str(r).isdigit()}
+        raw = [int(r) for r in re.findall(r"\d+", raw) if len(r) < 8]
+    return {r for r in raw or [] if type(r) is int and r >= 0}
 
 
 def counts(report: Report) -> Counter:

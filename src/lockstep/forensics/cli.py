@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Read a folder of flight-recorder dumps (one file a rank, its name ending "
         "in the rank: rank_3, nccl_trace_rank_3) and say per process group and sequence number "
         "which ranks are in which collective with which sizes, which never reached it, and who "
-        "is out of step. Exit 0 when nobody is, 1 when someone is.",
+        "is out of step. Exit 0 when nobody is, 1 when someone is, 2 when no dump could be "
+        "read or one is past the reader's bounds (docs/forensics.md).",
     )
     hang.add_argument("folder", type=Path, metavar="DIR", help="the folder of dumps")
     hang.add_argument(
@@ -35,13 +36,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _hang(args) -> int:
     from lockstep.errors import EXIT_FAIL, EXIT_OK, UsageError
     from lockstep.forensics import hang
+    from lockstep.forensics.bounds import MAX_RANKS, OutOfBounds, shown
 
+    folder = shown(args.folder)
     if not args.folder.is_dir():
-        raise UsageError(f"{args.folder}: no such folder")
-    report = hang.report(args.folder, world=args.world)
+        raise UsageError(f"{folder}: no such folder")
+    if args.world is not None and not 1 <= args.world <= MAX_RANKS:
+        raise UsageError(f"--world must be 1..{MAX_RANKS}, got {args.world}")
+    try:
+        report = hang.report(args.folder, world=args.world, strict=True)
+    except OutOfBounds as err:
+        raise UsageError(f"{folder}: {err}") from None
+    except OSError as err:
+        raise UsageError(f"{folder}: {err.strerror or type(err).__name__}") from None
     if not report.versions:
-        raise UsageError(
-            f"{args.folder}: no flight-recorder dump read ({'; '.join(report.problems) or 'no files named after a rank'})"
-        )
+        why = "; ".join(report.problems) or "no files named after a rank"
+        raise UsageError(f"{folder}: no flight-recorder dump read ({why})")
     print(report.to_json() if args.json else report.text())
     return EXIT_FAIL if report.findings or report.no_dump else EXIT_OK

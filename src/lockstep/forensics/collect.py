@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from lockstep.compat import FR_BUFFER_ENV
-from lockstep.forensics.recorder import DIR_ENV, TRIGGER
+from lockstep.forensics.recorder import DIR_ENV, PID_ENV, TRIGGER
 
 SITE = Path(__file__).resolve().parent / "site"
 BUFFER = "2000"  # torch's default: enough for the last steps of any job
@@ -18,9 +18,11 @@ def environ(env: dict, folder: Path, site: bool = True) -> dict:
     """`env` with what a rank needs to record and dump into `folder` (made here): the buffer
     size (unless the job set one; 0 keeps it off), the folder, and `site/` first on
     PYTHONPATH so a new interpreter installs the watcher (`site/sitecustomize.py`); without
-    `site`, for ranks that install it themselves (`launch.forkserver.in_environ`)."""
+    `site`, for ranks that install it themselves (`launch.forkserver.in_environ`). No rank's
+    mark (`recorder.PID_ENV`): a launch from inside a rank starts ranks of its own."""
     folder.mkdir(parents=True, exist_ok=True)
     out = dict(env)
+    out.pop(PID_ENV, None)
     if not any(name in out for name in FR_BUFFER_ENV):
         out[FR_BUFFER_ENV[0]] = BUFFER
     out[DIR_ENV] = str(folder)

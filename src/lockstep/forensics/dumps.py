@@ -1,49 +1,165 @@
-"""Reading flight-recorder dumps back: a restricted unpickler (a dump is a pickle of builtins
-only; anything naming a class or function is refused) and a folder of dumps, one a rank.
+"""Reading flight-recorder dumps back, within bounds (`bounds`): a dump is a pickle of builtins
+only (`unpickle`, a bounded restricted unpickler: anything naming a class or function is
+refused) or its JSON form, and a folder holds one a rank.
 
 Formats read: torch's `_dump_fr_trace()` / `TORCH_FR_DUMP_TEMP_FILE` pickles, versions
 "2.x" (2.10 in torch 2.13; older ones lack `pg_status`, which `analysis` then infers from
-each entry's `state`), and their JSON form (`_dump_nccl_trace_json`).
+each entry's `state`), and their JSON form (`_dump_nccl_trace_json`, whose `pg_status`
+numbers are strings). A dump read is checked (`checked`): the fields `analysis` uses have
+the types torch writes, so that no dump makes the analysis raise.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import pickle
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-MAX_BYTES = 512 * 1024 * 1024
+from lockstep.forensics import unpickle
+from lockstep.forensics.bounds import (
+    MAX_BYTES,
+    MAX_DEPTH,
+    MAX_FILES,
+    MAX_RANKS,
+    MAX_SEQ,
+    MAX_STACKS,
+    NAME_COST,
+    Budget,
+    DumpError,
+    OutOfBounds,
+    json_cost,
+    mib,
+    shown,
+)
+
+__all__ = ["Dump", "DumpError", "OutOfBounds", "checked", "load_dir", "loads"]
 
 
-class DumpError(ValueError):
-    """A file that is not a flight-recorder dump lockstep can read."""
-
-
-class _Restricted(pickle.Unpickler):
-    def find_class(self, module, name):
-        raise DumpError(f"refused: the dump names {module}.{name} (a dump holds only builtins)")
-
-
-def loads(data: bytes) -> dict:
-    """A dump's dict, read without running any code the pickle names."""
+def loads(data: bytes, budget: Budget | None = None) -> dict:
+    """A dump's dict, read without running any code the pickle names, within `budget` (a
+    new `Budget` unless given): DumpError for a file that is not a dump, OutOfBounds for one
+    past a bound."""
+    budget = Budget() if budget is None else budget
     if data[:1] in (b"{", b"["):
+        budget.charge(json_cost(data))
         try:
             obj = json.loads(data)
+        except RecursionError:
+            raise OutOfBounds(f"JSON nested over {MAX_DEPTH} deep") from None
         except ValueError as err:
             raise DumpError(f"not a dump: {err}") from None
+        _json_depth(obj)
     else:
-        try:
-            obj = _Restricted(io.BytesIO(data)).load()
-        except DumpError:
-            raise
-        except Exception as err:
-            raise DumpError(f"not a dump: {type(err).__name__}: {err}") from None
-    if not isinstance(obj, dict) or "entries" not in obj:
-        raise DumpError("not a flight-recorder dump (no 'entries')")
+        obj = unpickle.load(data, budget)
+    return checked(obj)
+
+
+def _json_depth(obj) -> None:
+    """OutOfBounds when `obj` (from JSON: a tree) nests over MAX_DEPTH containers."""
+    level, depth = [obj], 0
+    while level:
+        depth += 1
+        if depth > MAX_DEPTH:
+            raise OutOfBounds(f"JSON nested over {MAX_DEPTH} deep")
+        level = [c for o in level for c in (o.values() if isinstance(o, dict) else o)
+                 if isinstance(c, dict | list)]  # fmt: skip
+
+
+def checked(obj) -> dict:
+    """`obj` if it is a dump whose fields `analysis` uses have torch's types (`pg_status`'s
+    numbers made ints, `pg_config`'s ranks a list); DumpError naming the first field that has
+    not, OutOfBounds for a sequence number past torch's int64 or a rank past MAX_RANKS."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("entries"), list):
+        raise DumpError("not a flight-recorder dump (no 'entries' list)")
+    if not isinstance(obj.get("version", ""), str | int | float):
+        raise DumpError("not a dump: its version is not a string")
+    for i, e in enumerate(obj["entries"]):
+        _entry(e, i)
+    status = _mapping(obj, "pg_status", "pg_status")
+    for name, st in status.items():
+        where = f"pg_status[{shown(name)[:80]}]"
+        if not isinstance(st, dict):
+            raise DumpError(f"not a dump: {where} is not a dict")
+        for key in ("last_enqueued_collective", "last_started_collective",
+                    "last_completed_collective"):  # fmt: skip
+            if key in st:
+                st[key] = _number(st[key], f"{where}'s {key}", lowest=-1)
+    for name, config in _mapping(obj, "pg_config", "pg_config").items():
+        if isinstance(config, dict):
+            config["ranks"] = _ranks(config.get("ranks"), f"pg_config[{shown(name)[:80]}]")
+            if not isinstance(config.get("desc", ""), str):
+                raise DumpError(f"not a dump: pg_config[{shown(name)[:80]}]'s desc")
     return obj
+
+
+_TYPES = {  # an entry's fields the analysis reads, and what each may be besides None
+    "pg_id": (int, str), "profiling_name": (str,), "state": (str,), "is_p2p": (bool, int),
+    "input_dtypes": (list,), "output_dtypes": (list,),
+    "input_sizes": (list,), "output_sizes": (list,), "process_group": (list, tuple),
+}  # fmt: skip
+
+
+def _entry(e, i: int) -> None:
+    if not isinstance(e, dict):
+        raise DumpError(f"not a dump: entry {i} is not a dict")
+    for key, types in _TYPES.items():
+        value = e.get(key)
+        if value is not None and not isinstance(value, types):
+            raise DumpError(f"not a dump: entry {i}'s {key} is a {type(value).__name__}")
+    if e.get("collective_seq_id") is not None:
+        e["collective_seq_id"] = _number(e["collective_seq_id"], f"entry {i}'s collective_seq_id")
+    pg = e.get("process_group")
+    if pg is not None and not (1 <= len(pg) <= 2 and all(isinstance(p, str) for p in pg)):
+        raise DumpError(f"not a dump: entry {i}'s process_group is not (name, desc)")
+    for key in ("input_dtypes", "output_dtypes"):
+        if not all(isinstance(d, str) for d in e.get(key) or ()):
+            raise DumpError(f"not a dump: entry {i}'s {key} are not strings")
+    for key in ("input_sizes", "output_sizes"):
+        for size in e.get(key) or ():
+            if not isinstance(size, list) or not all(type(n) is int for n in size):
+                raise DumpError(f"not a dump: entry {i}'s {key} are not lists of integers")
+
+
+def _mapping(obj: dict, key: str, where: str) -> dict:
+    value = obj.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise DumpError(f"not a dump: {where} is not a dict")
+    return value
+
+
+def _number(value, where: str, lowest: int = 0) -> int:
+    """`value` (an int, or a string of digits in JSON dumps) as an int in torch's int64."""
+    if isinstance(value, str) and re.fullmatch(r"-?\d{1,20}", value):
+        value = int(value)
+    if type(value) is not int:
+        raise DumpError(f"not a dump: {where} is not an integer")
+    if not lowest <= value <= MAX_SEQ:
+        raise OutOfBounds(f"{where} {value} outside {lowest}..{MAX_SEQ} (torch's int64)")
+    return value
+
+
+def _ranks(raw, where: str) -> list[int]:
+    """A process group's ranks: torch writes them as a string, "[0, 1, 2]"."""
+    if raw is None:
+        return []
+    if isinstance(raw, str):
+        if not re.fullmatch(r"\[[\d,\s]*\]", raw):
+            raise DumpError(f"not a dump: {where}'s ranks are not a list of numbers")
+        if raw.count(",") >= MAX_RANKS:
+            raise OutOfBounds(f"{where} names over {MAX_RANKS} ranks")
+        digits = re.findall(r"\d+", raw)
+        if any(len(d) > 7 for d in digits):  # int() of thousands of digits raises
+            raise OutOfBounds(f"{where} names a rank outside 0..{MAX_RANKS - 1}")
+        raw = [int(d) for d in digits]
+    if not isinstance(raw, list) or not all(type(r) is int for r in raw):
+        raise DumpError(f"not a dump: {where}'s ranks are not a list of numbers")
+    if len(raw) > MAX_RANKS or any(not 0 <= r < MAX_RANKS for r in raw):
+        raise OutOfBounds(f"{where} names a rank outside 0..{MAX_RANKS - 1}")
+    return raw
 
 
 @dataclass
@@ -57,28 +173,87 @@ class Dump:
         return str(self.data.get("version", "unknown"))
 
 
-RANK = re.compile(r"(\d+)(?:\.(?:pkl|pickle|json))?$")
+RANK = re.compile(r"(?<!\d)(\d+)(?:\.(?:pkl|pickle|json))?$")
 
 
-def load_dir(folder: Path) -> tuple[dict[int, Dump], list[str]]:
+def load_dir(folder: Path, budget: Budget | None = None,
+             strict: bool = False) -> tuple[dict[int, Dump], list[str]]:  # fmt: skip
     """Every dump in `folder` by rank (the number ending its name: `rank_3`,
-    `nccl_trace_rank_3`, `fr_3.pkl`), and one line for each file that could not be read."""
+    `nccl_trace_rank_3`, `fr_3.pkl`), and one line for each file that could not be read,
+    all within `budget` (a new `Budget` unless given). `strict`: OutOfBounds, naming the
+    file, for a file or the folder past a bound (`lockstep forensics hang` exits 2 on it);
+    else that file's line says so, and the reading goes on while the budget lasts."""
+    budget = Budget() if budget is None else budget
     dumps: dict[int, Dump] = {}
     problems: list[str] = []
-    for path in sorted(Path(folder).iterdir()):
+    try:
+        paths = _listed(Path(folder), budget)
+    except OutOfBounds as err:
+        if strict:
+            raise
+        return dumps, [str(err)]
+    for path in paths:
         match = RANK.search(path.name)
-        if not path.is_file() or path.name.startswith(".") or not match:
-            continue
-        if path.stat().st_size > MAX_BYTES:
-            problems.append(f"{path.name}: over {MAX_BYTES} bytes, skipped")
+        if path.name.startswith(".") or not match or not path.is_file():
             continue
         try:
-            data = loads(path.read_bytes())
-        except DumpError as err:
-            problems.append(f"{path.name}: {err}")
+            rank = _rank(match.group(1))
+            data = loads(_read(path, budget, MAX_BYTES), budget)
+            stacks = path.with_name(path.name + ".stacks")
+            text = read_stacks(stacks, budget) if stacks.is_file() else None
+        except OutOfBounds as err:
+            if strict:
+                raise OutOfBounds(f"{shown(path.name)}: {err}") from None
+            problems.append(f"{shown(path.name)}: {err}")
             continue
-        rank = int(match.group(1))
-        stacks = path.with_name(path.name + ".stacks")
-        text = stacks.read_text(errors="replace") if stacks.is_file() else None
+        except DumpError as err:
+            problems.append(f"{shown(path.name)}: {err}")
+            continue
+        except OSError as err:
+            problems.append(f"{shown(path.name)}: {err.strerror or type(err).__name__}")
+            continue
         dumps[rank] = Dump(rank, data, text)
     return dumps, problems
+
+
+def _listed(folder: Path, budget: Budget) -> list[Path]:
+    """The names in `folder`, sorted; OutOfBounds past MAX_FILES of them."""
+    names = []
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            names.append(entry.name)
+            if len(names) > MAX_FILES:
+                raise OutOfBounds(f"over {MAX_FILES} files in the folder")
+    budget.charge(NAME_COST * len(names))
+    return [folder / name for name in sorted(names)]
+
+
+def _rank(digits: str) -> int:
+    if len(digits) > 7 or int(digits) >= MAX_RANKS:
+        raise OutOfBounds(f"rank {digits[:20]} outside 0..{MAX_RANKS - 1}")
+    return int(digits)
+
+
+def _read(path: Path, budget: Budget, limit: int) -> bytes:
+    """At most `limit` bytes of `path` (its size looked at first: a sparse file claims any),
+    charged to `budget`; OutOfBounds past `limit`."""
+    budget.clock()
+    size = path.stat().st_size
+    if size > limit:
+        raise OutOfBounds(f"{mib(size)}, over the {mib(limit)} a dump may be")
+    budget.charge(size)
+    with open(path, "rb") as file:
+        data = file.read(limit + 1)  # a file that grew, or one whose size says nothing (/proc)
+    if len(data) > limit:
+        raise OutOfBounds(f"over the {mib(limit)} a dump may be")
+    budget.charge(len(data) - size)
+    return data
+
+
+def read_stacks(path: Path, budget: Budget) -> str:
+    """The first MAX_STACKS bytes of a rank's `.stacks` (faulthandler's text), charged."""
+    budget.clock()
+    with open(path, "rb") as file:
+        data = file.read(MAX_STACKS)
+    budget.charge(2 * len(data))
+    return data.decode(errors="replace")

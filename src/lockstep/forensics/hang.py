@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from lockstep.forensics import analysis, dumps
+from lockstep.forensics import analysis, bounds, dumps
 from lockstep.forensics.recorder import TRIGGER
 
 # gloo's enforce message: "op.preamble.length <= op.nbytes. 8 vs 4. Received data size ..."
@@ -25,19 +25,34 @@ def clear(folder: Path) -> None:
             path.unlink()
 
 
-def report(folder: Path, log_text: str | None = None, world: int | None = None):
+def report(folder: Path, log_text: str | None = None, world: int | None = None,
+           strict: bool = False):  # fmt: skip
     """The `analysis.Report` on the dumps in `folder`; `log_text`, the launch's log, adds the
-    ranks gloo aborted on a size mismatch."""
-    found, problems = dumps.load_dir(folder)
-    found = {r: d for r, d in found.items()}
+    ranks gloo aborted on a size mismatch. Within `bounds` whatever the folder holds:
+    `strict`, OutOfBounds past one (`lockstep forensics hang`), else a line of the report's
+    problems says so."""
+    budget = bounds.Budget()
+    found, problems = dumps.load_dir(folder, budget, strict)
     stacks = {r: d.stacks for r, d in found.items() if d.stacks}
-    for path in folder.glob("rank_*.stacks"):  # a rank that wrote its stacks, not its dump
+    for seen, path in enumerate(folder.glob("rank_*.stacks")):  # stacks, but no dump
         rank = path.name[5:-7]
-        if rank.isdigit() and int(rank) not in stacks:
-            stacks[int(rank)] = path.read_text(errors="replace")
+        if seen > bounds.MAX_FILES:
+            break
+        if not (rank.isdigit() and len(rank) < 7 and int(rank) not in stacks):
+            continue
+        try:
+            stacks[int(rank)] = dumps.read_stacks(path, budget)
+        except bounds.OutOfBounds as err:
+            if strict:
+                raise
+            problems.append(f"{bounds.shown(path.name)}: {err}")
+            break
+        except OSError:
+            continue
     problems = [p for p in problems if not p.startswith(TRIGGER)]
     result = analysis.analyse({r: d.data for r, d in found.items()}, stacks=stacks,
-                              world=world, problems=problems)  # fmt: skip
+                              world=world, problems=problems,
+                              clock=budget.clock if strict else None)  # fmt: skip
     if log_text:
         _aborted(result, log_text, {r: d.data for r, d in found.items()})
     return result

@@ -6,6 +6,13 @@ trigger file in the folder runs, and writes `rank_N` (the pickled dump) and `ran
 (every thread's Python stack, faulthandler's). An uncaught exception (gloo's "Received data
 size doesn't match expected size" raised in a rank) dumps too, before the interpreter's
 own report. Standard library only at import time; torch is imported when a dump is written.
+
+Only in the rank's own process: an interpreter the rank starts (a helper script, a dataloader
+worker spawned fresh) inherits its environment, `site/sitecustomize.py` included, and
+recording there overwrote the rank's dump at the helper's exit, or asked every rank for its
+dump when the helper crashed. The watcher marks the rank's pid in the environment as it
+arms (PID_ENV); an interpreter that finds another pid there is not the rank and stays
+unarmed; a process forked from the rank (its pid differs) never dumps.
 """
 
 from __future__ import annotations
@@ -19,15 +26,22 @@ import time
 from lockstep import compat  # imports no torch
 
 DIR_ENV = "LOCKSTEP_FR_DIR"
+PID_ENV = "LOCKSTEP_FR_RANK_PID"  # the pid of the rank whose watcher armed
 TRIGGER = "dump.request"
 POLL_S = 0.2
 _installed: list[str] = []
+_owner: list[int] = []  # the pid that armed: a fork of it inherits `_installed`, not the pid
 _crashed: list[str] = []
 _dumped: list[str] = []
 
 
 def _rank() -> str:
     return os.environ.get("RANK", str(os.getpid()))
+
+
+def _armed() -> bool:
+    """The watcher is installed, and this is the process that installed it."""
+    return bool(_installed) and _owner == [os.getpid()]
 
 
 def _imported(name: str) -> bool:
@@ -103,7 +117,7 @@ def _watch(folder: str) -> None:
     trigger = os.path.join(folder, TRIGGER)
     while not os.path.exists(trigger):
         time.sleep(POLL_S)
-    if not _crashed and not _dumped:  # a rank that ended dumped at its end: that one stays
+    if _armed() and not _crashed and not _dumped:  # a rank that ended dumped then: it stays
         dump(folder, "asked (the run timed out, or another rank crashed)")
 
 
@@ -137,20 +151,23 @@ def timed_out(why: str, wait: float = 3.0) -> None:
     """A collective of this rank gave up on its own timeout (preflight's ranks time themselves
     out): dump, ask every other rank for its dump and wait for them, as a crash does
     (`crash_dump`); nothing when the launch asked for no dumps."""
-    if _installed and not _crashed:
+    if _armed() and not _crashed:
         crash_dump(_installed[0], why[:500], wait=wait, timed_out=True)
 
 
 def install(folder: str) -> None:
-    """Start the watcher thread and the dump on an uncaught exception, once per process."""
+    """Start the watcher thread and the dump on an uncaught exception, once per process, in
+    this process only (marked in PID_ENV for the interpreters it starts)."""
     if not folder or folder in _installed or not os.path.isdir(folder):
         return
     _installed.append(folder)
+    _owner[:] = [os.getpid()]
+    os.environ[PID_ENV] = str(os.getpid())
     threading.Thread(target=_watch, args=(folder,), name="lockstep-fr", daemon=True).start()
     previous = sys.excepthook
 
     def hook(kind, value, tb):
-        if not issubclass(kind, KeyboardInterrupt | SystemExit):
+        if _armed() and not issubclass(kind, KeyboardInterrupt | SystemExit):
             crash_dump(folder, f"uncaught {kind.__name__}: {value}"[:500], (kind, value, tb))
         previous(kind, value, tb)
 
@@ -161,13 +178,13 @@ def install(folder: str) -> None:
 def _at_exit(folder: str) -> None:
     """A rank that ends, even cleanly, leaves its record: a mismatch gloo did not stop (sizes
     that differ, but fit) shows only when the ranks' records are compared."""
-    if not _crashed and not _dumped:
+    if _armed() and not _crashed and not _dumped:
         dump(folder, "at exit")
 
 
 def finished() -> None:
     """The rank's function returned (a forked rank, which ends without atexit)."""
-    if _installed:
+    if _armed():
         _at_exit(_installed[0])
 
 
@@ -175,7 +192,7 @@ def dump_on_error(info) -> None:
     """Dump for an exception a runner caught itself (a forked rank's script), when installed
     and not dumped for this crash already."""
     kind, value = info[0], info[1]
-    if not _installed or _crashed or kind is None:
+    if not _armed() or _crashed or kind is None:
         return
     if not issubclass(kind, KeyboardInterrupt | SystemExit):
         crash_dump(_installed[0], f"uncaught {kind.__name__}: {value}"[:500], info)
@@ -196,4 +213,10 @@ def run(fn, *args):
 
 
 def install_from_env() -> None:
+    """Install the watcher when the launch asked for dumps (DIR_ENV) and this process is a
+    rank's own: a rank (RANK, which its launcher sets) that no process of the rank marked
+    before (PID_ENV: an interpreter the rank started finds the rank's pid there)."""
+    mark = os.environ.get(PID_ENV)
+    if "RANK" not in os.environ or (mark and mark != str(os.getpid())):
+        return
     install(os.environ.get(DIR_ENV, ""))
