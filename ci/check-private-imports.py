@@ -5,6 +5,8 @@
    `lockstep.checks.cli` may use `lockstep.checks.script_runs._x`, `lockstep.gate.job` may not; a
    top-level module (`lockstep/redact.py`) is a unit of its own, and `lockstep/__init__.py`
    belongs to none. Relative imports are resolved first; dunder names (`__version__`) are public.
+   The tests beside src/ (`tests/`) are outside every unit: they import no private name of
+   lockstep at all.
 2. torch's and DeepSpeed's private APIs (`torch._C`, `from torch.distributed import _x`,
    `dist._x` through an imported module) are used only in lockstep/compat.py, so that a
    torch upgrade is one file to read.
@@ -145,6 +147,17 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         shown = path.relative_to(src.parent) if src.parent in path.parents else path
         found += [f"{shown}:{line}: {what}" for line, what in hits]
+    tests = src.parent / "tests"
+    for path in sorted(tests.rglob("*.py")) if tests.is_dir() else []:
+        try:
+            hits = sorted(set(breaches(path, tests.parent)))
+        except (SyntaxError, UnicodeDecodeError, OSError) as err:
+            print(f"check-private-imports: error: {path}: {err}", file=sys.stderr)
+            return 2
+        # A test reaches lockstep through its public names only (torch's privates are the
+        # test's own business: it may check what compat.py wraps).
+        found += [f"{path.relative_to(tests.parent)}:{line}: {what}" for line, what in hits
+                  if "a private name of lockstep" in what]  # fmt: skip
     for line in found:
         print(line)
     if found:

@@ -246,3 +246,16 @@ def test_the_tree_keeps_the_size_rule():
         [sys.executable, "-I", str(SIZES)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stdout
+
+
+def test_a_test_importing_a_private_name_of_lockstep_is_a_breach(tmp_path):
+    (tmp_path / "tests" / "sub").mkdir(parents=True)
+    (tmp_path / "tests" / "sub" / "test_x.py").write_text(
+        "import torch._C\nfrom lockstep.checks import script\nfrom lockstep.checks.script import _diagnosis\n"
+    )
+    result = check(tmp_path, OWNERS)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.splitlines() == [
+        "tests/sub/test_x.py:3: imports lockstep.checks.script._diagnosis: a private name of "
+        "lockstep.checks from outside it"
+    ]
