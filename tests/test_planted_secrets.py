@@ -17,6 +17,7 @@ import base64
 import html
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -480,10 +481,8 @@ def test_no_planted_secret_reaches_any_output(tmp_path):
         for form, value in SECRETS.items()
         if value in text and form != "pin"
     ]
-    # The PIN is short enough to appear by chance in numbers: look for it as a whole token.
-    leaks += [
-        f"pin in {name}"
-        for name, text in texts.items()
-        if f"={PIN}" in text or f'"{PIN}"' in text or f": {PIN}" in text
-    ]
+    # The PIN is short enough to appear by chance in numbers (a golden's `"rss": 4711...`):
+    # look for it as a whole token, as a value.
+    pin = re.compile(rf'(?:=|"|: ){PIN}(?![\w.])')
+    leaks += [f"pin in {name}" for name, text in texts.items() if pin.search(text)]
     assert not leaks, "\n".join(leaks) + "\n\n" + texts["terminal"][-3000:]
