@@ -11,6 +11,9 @@ from lockstep.errors import EXIT_FAIL, EXIT_OK
 
 
 def check(request: plans.Request, json_path: Path | None = None) -> int:
+    from lockstep.inputs import writable
+
+    writable(json_path, "--json")  # before the runs, not after them
     outcome = plans.run(request, show)
     if not outcome.passed:
         print(f"runs and logs: {outcome.workdir}")

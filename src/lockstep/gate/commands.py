@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lockstep.errors import EXIT_FAIL, EXIT_OK
+from lockstep.inputs import writable
 from lockstep.job_options import JobOptions
 from lockstep.redact import escape_controls
 
@@ -20,6 +21,11 @@ class Reports:
     json: Path | None = None
     junit: Path | None = None
     plot: Path | None = None  # a folder for a PNG per metric
+
+    def __post_init__(self) -> None:
+        """A path that cannot be written is refused before the runs, not after them."""
+        writable(self.json, "--json")
+        writable(self.junit, "--junit")
 
 
 @dataclass(frozen=True)
@@ -226,6 +232,7 @@ def evaluate_alerts(rules_file: str, metrics: Path, json_path: Path | None) -> i
     from lockstep import alerts
     from lockstep.gate.run_result import read_rows
 
+    writable(json_path, "--json")
     rules = alerts.load_rules(rules_file)
     fired, unevaluated = alerts.evaluate(rules, read_rows(metrics))
     for alert in fired:
