@@ -59,15 +59,15 @@ def read_json(path: str | Path, what: str):
     return load_json(read_text(path, what), f"{what} {path}")
 
 
-def writable(path: str | Path | None, what: str = "output") -> None:
-    """Refuse, before any work, a path lockstep is to write whose folder is missing or that is
-    a folder itself."""
+def writable(path: str | Path | None, what: str = "output", *, makes_folder: bool = False) -> None:
+    """Refuse, before any work, a path lockstep is to write that is a folder itself, or whose
+    folder is missing (unless the writer makes it: `makes_folder`)."""
     if path is None:
         return
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"cannot write {what} {path}: it is a folder; give a file name")
-    if not path.resolve().parent.is_dir():
+    if not makes_folder and not path.resolve().parent.is_dir():
         raise UsageError(f"cannot write {what} {path}: its folder does not exist")
 
 

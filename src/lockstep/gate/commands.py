@@ -24,8 +24,8 @@ class Reports:
 
     def __post_init__(self) -> None:
         """A path that cannot be written is refused before the runs, not after them."""
-        writable(self.json, "--json")
-        writable(self.junit, "--junit")
+        writable(self.json, "--json", makes_folder=True)  # report.to_json makes it
+        writable(self.junit, "--junit", makes_folder=True)
 
 
 @dataclass(frozen=True)
