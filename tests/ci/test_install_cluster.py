@@ -184,7 +184,9 @@ def test_a_leftover_is_removed_and_its_units_disabled_even_with_nothing_to_insta
 @pytest.mark.parametrize("whose", ["docker", "a live run"])
 def test_a_policy_rc_d_of_someone_else_or_of_a_live_run_is_left_alone(tmp_path, whose):
     host = Host(tmp_path)
-    live = subprocess.Popen(["bash", "-c", "sleep 60; :", "install-cluster.sh"])
+    # its own process group: the kill below takes the shell's `sleep` with it
+    live = subprocess.Popen(["bash", "-c", "sleep 60; :", "install-cluster.sh"],
+                            start_new_session=True)  # fmt: skip
     try:
         text = (
             "#!/bin/sh\n# prevents services from starting in docker build\nexit 101\n"
@@ -198,5 +200,5 @@ def test_a_policy_rc_d_of_someone_else_or_of_a_live_run_is_left_alone(tmp_path, 
         assert result.returncode == 0, result.stderr
         assert host.policy.read_text() == text and host.leftovers() == ["policy-rc.d"]
     finally:
-        live.kill()
+        os.killpg(live.pid, signal.SIGKILL)
         live.wait()
