@@ -1,13 +1,15 @@
 """Errors that end a command with a one-line message and a documented exit code.
 
 Exit codes, the same for every command: 0 ok, 1 a check found a mismatch or failure,
-2 usage or bad input (config, file, launcher variables), 3 timeout or missing ranks.
+2 usage or bad input (config, file, launcher variables), 3 timeout or missing ranks,
+4 not judged: a check or gate that could not decide (it says why; never printed as PASS).
 """
 
 EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_USAGE = 2
 EXIT_TIMEOUT = 3
+EXIT_NOT_JUDGED = 4
 
 
 class LockstepError(Exception):

@@ -84,8 +84,10 @@ def agree(
 
 
 def combine(name: str, results: list[CheckResult]) -> CheckResult:
-    """One result for several runs of a check: the first failure, else every summary."""
-    for result in results:
-        if not result.passed:
-            return result
+    """One result for several runs of a check: the first failure, else the first that could
+    not judge, else every summary."""
+    for verdict in ("fail", "not_judged"):
+        for result in results:
+            if result.verdict == verdict:
+                return result
     return CheckResult(name, True, "; ".join(r.summary for r in results))

@@ -3,7 +3,7 @@
 the work is in `checks.command` and `checks.plans`.
 
 Exit codes: 0 every check passed, 1 a check failed, 2 bad input (including a script that
-crashes or ignores the protocol), 3 a run timed out.
+crashes or ignores the protocol), 3 a run timed out, 4 a check could not judge (it says why).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from lockstep.checks import plans
-from lockstep.errors import EXIT_FAIL, EXIT_OK
+from lockstep.checks.result import exit_code
 
 
 def check(request: plans.Request, json_path: Path | None = None) -> int:
@@ -28,22 +28,24 @@ def check(request: plans.Request, json_path: Path | None = None) -> int:
 
         report = [redact_mapping(r.to_dict()) for r in outcome.results]
         json_path.write_text(json.dumps(report, indent=2) + "\n")
-    return EXIT_OK if outcome.passed else EXIT_FAIL
+    return exit_code(outcome.results)
 
 
 def show(result) -> None:
-    """One result, as it comes: PASS or FAIL, its summary, a likely cause, forensics."""
+    """One result, as it comes: PASS, FAIL or NOT JUDGED, its summary, a likely cause, forensics."""
     from rich.console import Console
     from rich.markup import escape
 
     from lockstep.redact import scrub_text
 
     console = Console(stderr=False, highlight=False)
-    mark = "[green]PASS[/green]" if result.passed else "[red]FAIL[/red]"
+    mark = {"pass": "[green]PASS[/green]", "fail": "[red]FAIL[/red]"}.get(
+        result.verdict, "[yellow]NOT JUDGED[/yellow]"
+    )
     # the summary may hold paths and values with brackets: never markup
     summary = escape(scrub_text(result.summary))
     console.print(f"{mark} {escape(result.name)}: {summary}", markup=True)
-    if result.diagnosis and not result.passed:
+    if result.diagnosis and result.verdict == "fail":
         console.print(f"     likely cause: {scrub_text(result.diagnosis)}", markup=False)
     for line in (result.forensics or {}).get("lines", ()):
         console.print(f"     {scrub_text(line)}", markup=False)

@@ -220,7 +220,8 @@ def markdown(results) -> str:
         part, verdict = r.forensics.get("parting") or {}, r.forensics.get("verdict") or {}
         out.append(
             "| " + " | ".join(md_cell(x) for x in (
-                r.name, "pass" if r.passed else "FAIL", part.get("step", "—"),
+                r.name, {"fail": "FAIL"}.get(r.verdict, r.verdict.replace("_", " ")),
+                part.get("step", "—"),
                 part.get("phase", "not reproduced"), part.get("name", "—"),
                 verdict.get("text", "—"))) + " |"
         )  # fmt: skip

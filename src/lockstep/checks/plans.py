@@ -48,7 +48,7 @@ class Outcome:
 
     @property
     def passed(self) -> bool:
-        return all(r.passed for r in self.results)
+        return bool(self.results) and all(r.verdict == "pass" for r in self.results)
 
 
 def run(request: Request, show: Show) -> Outcome:

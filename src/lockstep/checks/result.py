@@ -9,7 +9,8 @@ from lockstep.checks.trajectory import Divergence
 
 @dataclass
 class CheckResult:
-    """`passed` decides the exit code (0 or 1); the rest is what the report shows."""
+    """`passed` and `judged` decide the exit code (`verdict`); the rest is what the report
+    shows. A result that could not decide (`judged` False) is never a pass: NOT JUDGED, exit 4."""
 
     name: str
     passed: bool
@@ -21,11 +22,20 @@ class CheckResult:
     rank: int | None = None  # replicas: the rank whose replica departed
     # after a failure: where in the model the runs part (`divergence_replay.Findings`)
     forensics: dict | None = None
+    judged: bool = True  # False: the check could not decide, and `summary` says why
+
+    @property
+    def verdict(self) -> str:
+        """`pass`, `fail` or `not_judged` (a failure outranks a missing judgement)."""
+        if not self.passed and self.judged:
+            return "fail"
+        return "pass" if self.passed and self.judged else "not_judged"
 
     def to_dict(self) -> dict:
         return {
             "check": self.name,
-            "passed": self.passed,
+            "verdict": self.verdict,
+            "passed": self.passed and self.judged,
             "summary": self.summary,
             "divergence": self.divergence.to_dict() if self.divergence else None,
             "diagnosis": self.diagnosis,
@@ -39,3 +49,13 @@ class CheckResult:
 def tolerance(rtol: float, atol: float) -> str:
     """How two runs were compared, for a summary line."""
     return "bitwise" if rtol == atol == 0 else f"within rtol={rtol:g}, atol={atol:g}"
+
+
+def exit_code(results: list[CheckResult]) -> int:
+    """1 if any check failed, else 4 if any could not judge, else 0 (docs/json.md)."""
+    from lockstep.errors import EXIT_FAIL, EXIT_NOT_JUDGED, EXIT_OK
+
+    verdicts = {r.verdict for r in results}
+    if "fail" in verdicts:
+        return EXIT_FAIL
+    return EXIT_NOT_JUDGED if "not_judged" in verdicts or not results else EXIT_OK
