@@ -23,7 +23,10 @@ from lockstep.redact import add_secret_value
 KEY_ENV = "LOCKSTEP_JOB_KEY"
 KEY_FILE_ENV = "LOCKSTEP_JOB_KEY_FILE"
 MIN_CHARS = 32  # 128 bits as hex
-_HOW = f"set {KEY_ENV} (e.g. `openssl rand -hex 32`) or {KEY_FILE_ENV} on every host"
+_HOW = (
+    f"give every host the same {KEY_ENV} (from `openssl rand -hex 32`) or a {KEY_FILE_ENV} "
+    "only the job's user can read"
+)
 
 
 def load(environ: Mapping[str, str] | None = None) -> bytes | None:
@@ -51,7 +54,7 @@ def load(environ: Mapping[str, str] | None = None) -> bytes | None:
 def require(key: bytes | None, required: bool) -> None:
     """`--require-key` without a key: exit 2 before any rank starts."""
     if key is None and required:
-        raise UsageError(f"preflight: --require-key: no job key; {_HOW}")
+        raise UsageError(f"preflight: no job key is set (--require-key): {_HOW}")
 
 
 def _read_file(path: Path) -> str:

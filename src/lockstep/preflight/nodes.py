@@ -103,7 +103,7 @@ def _decide(checkin: CheckIn, multi: MultiNode, timeout_s: float, where: str) ->
         timeout_s=timeout_s,
         endpoint=where,
         duplicates={k: ["another node"] for k in checkin.claimed_twice(multi.nnodes)},
-        refused={k: (err.by, str(err)) for k, err in checkin.refused.items()},
+        refused={k: (err.by, err.detail) for k, err in checkin.refused.items()},
     )
     run_id = f"lockstep-preflight-{uuid.uuid4().hex[:8]}"
     checkin.answer({"verdict": verdict, "run_id": run_id})

@@ -338,7 +338,9 @@ def _check_in(job: _Job, identity: dict) -> str:
         missing = [r for r in range(info.world_size) if r not in posted]
         answer = {"missing": missing, "salt": secrets.token_hex(8), "blocked": None}
         if checkin.refused:  # forged or malformed check-ins: named, never believed
-            answer["blocked"] = " | ".join(str(r) for r in checkin.refused.values())
+            answer["blocked"] = "preflight: " + " | ".join(
+                r.detail for r in checkin.refused.values()
+            )
         elif not missing:
             identities = [posted[r] for r in range(info.world_size)]
             names = registry.blocking(job.backend)

@@ -46,7 +46,8 @@ class Refused(CheckFailed):
 
     def __init__(self, kind: str, key: str, by: str | None, why: str):
         claims = f"claims {by}" if by else "claims no sender"
-        super().__init__(f"preflight: {kind} value at {key} ({claims}): {why}; refused")
+        self.detail = f"{kind} value at {key} ({claims}): {why}; refused"
+        super().__init__(f"preflight: {self.detail}")
         self.kind, self.key, self.by, self.why = kind, key, by, why
 
 
