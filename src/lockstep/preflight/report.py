@@ -59,7 +59,7 @@ def _verdict(report: dict) -> str:
     verdict = "FAIL" if not report["ok"] else "PASS" if authenticated else "UNAUTHENTICATED"
     line = f"{verdict}: {head}, {report['launcher']}, {report['backend']}, {report['elapsed_s']} s"
     if not authenticated:
-        line += " (no LOCKSTEP_JOB_KEY: nothing read from the store was verified)"
+        line += " (no job key, so nothing read from the store was verified: docs/preflight.md)"
     return line
 
 
