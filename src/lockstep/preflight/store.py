@@ -166,26 +166,25 @@ class Store:
         return [self._parse(k, raw, shape) for k, raw in zip(keys, raws, strict=True)]
 
     def wait_value(self, key: str, deadline: float, shape=None):
-        """The first value at `key` that is believed, polling until `deadline` (monotonic);
-        None when none was set. A refused value is stepped over (the honest writer may still
-        overwrite it) and named on stderr when an honest one follows; raised at the
-        deadline."""
+        """The first value at `key` that is believed, by `deadline` (monotonic); None when
+        none was set. A refused value is stepped over (the honest writer may still overwrite
+        it) and named on stderr when an honest one follows; raised at the deadline. One wait
+        of torch's until the key is set (each wait that times out logs a C++ warning), then
+        polling while what is there is refused."""
+        if not self.wait_for(key, max(0.01, deadline - time.monotonic())):
+            return None
         refused = None
         while True:
-            left = deadline - time.monotonic()
-            if self.wait_for(key, max(0.01, min(left, 1.0))):
-                try:
-                    value = self.get(key, shape)
-                except Refused as err:
-                    refused = err
-                else:
-                    if refused is not None:
-                        print(str(refused), file=sys.stderr, flush=True)
-                    return value
-            if time.monotonic() >= deadline:
+            try:
+                value = self.get(key, shape)
+            except Refused as err:
+                refused = err
+            else:
                 if refused is not None:
-                    raise refused
-                return None
+                    print(str(refused), file=sys.stderr, flush=True)
+                return value
+            if time.monotonic() >= deadline:
+                raise refused
             time.sleep(POLL_S)
 
     def has(self, key: str) -> bool:
