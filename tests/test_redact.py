@@ -363,3 +363,20 @@ def test_lockstep_s_own_text_survives_redaction():
 )
 def test_control_characters_in_names_are_shown_escaped(name, shown):
     assert escape_controls(name) == shown
+
+
+def test_the_job_key_is_scrubbed_by_its_value_wherever_it_stands(monkeypatch, tmp_path):
+    """Preflight's job key, from LOCKSTEP_JOB_KEY or its file, leaves no output even in text
+    with no secret-looking name beside it (a bare value in an error line or a log)."""
+    from lockstep.preflight import job_key
+
+    from_env, from_file = "e1" * 20, "f2" * 20
+    monkeypatch.setenv("LOCKSTEP_JOB_KEY", from_env)
+    assert from_env not in scrub_text(f"store said {from_env}!")
+    monkeypatch.delenv("LOCKSTEP_JOB_KEY")
+    key_file = tmp_path / "key"
+    key_file.write_text(from_file + "\n")
+    key_file.chmod(0o600)
+    assert job_key.load({"LOCKSTEP_JOB_KEY_FILE": str(key_file)}) == from_file.encode()
+    text = scrub_text(f"value {from_file} in a log line")
+    assert from_file not in text and "<redacted:" in text

@@ -17,6 +17,9 @@ from lockstep.cluster.launch import torchrun
 pytestmark = pytest.mark.cluster
 
 TIMEOUT = 240  # 8 ranks importing torch on a small, busy runner; preflight's own --timeout below
+# The job key every rank gets from its launcher (docs/preflight.md): with it the verdict is PASS,
+# without it UNAUTHENTICATED.
+KEY = {"LOCKSTEP_JOB_KEY": "5f0c" * 16}
 
 
 def preflight(bed: Cluster, launcher: str) -> list[str]:
@@ -42,7 +45,7 @@ def check_report(bed: Cluster, launcher: str, name: str, outputs: list[str]) -> 
 
 def test_preflight_under_torchrun_on_four_nodes(cluster):
     argv = preflight(cluster, "torchrun")[1:]  # torchrun runs `-m lockstep ...` itself
-    results = torchrun(cluster, argv, nproc_per_node=2, timeout=TIMEOUT)
+    results = torchrun(cluster, argv, nproc_per_node=2, timeout=TIMEOUT, env=KEY)
     assert {n: r.returncode for n, r in results.items()} == dict.fromkeys(cluster.names, 0), {
         n: r.stderr[-2000:] for n, r in results.items()
     }
@@ -50,7 +53,7 @@ def test_preflight_under_torchrun_on_four_nodes(cluster):
 
 
 def test_preflight_under_srun_on_four_nodes(cluster, slurm):
-    result = slurm.srun(preflight(cluster, "srun"), ntasks_per_node=2, timeout=TIMEOUT)
+    result = slurm.srun(preflight(cluster, "srun"), ntasks_per_node=2, timeout=TIMEOUT, env=KEY)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     check_report(cluster, "srun", "slurm", [result.stdout])
 
@@ -58,7 +61,7 @@ def test_preflight_under_srun_on_four_nodes(cluster, slurm):
 def test_preflight_under_mpirun_on_four_nodes(cluster, mpi):
     """The report said "8 ranks on 8 nodes" here while lockstep took Open MPI's
     OMPI_COMM_WORLD_NODE_RANK (the rank on the node) for the node's index."""
-    env = {"MASTER_ADDR": cluster.hostname(0), "MASTER_PORT": "29500"}
+    env = {"MASTER_ADDR": cluster.hostname(0), "MASTER_PORT": "29500", **KEY}
     result = mpi.mpirun(preflight(cluster, "mpirun"), per_node=2, env=env, timeout=TIMEOUT)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     check_report(cluster, "mpirun", "openmpi", [result.stdout])

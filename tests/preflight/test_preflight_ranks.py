@@ -18,6 +18,7 @@ from lockstep.launch import free_port
 from support.preflight_ranks import LAUNCH_TIMEOUT_S, base_env, by_hand, finish, wait_served
 
 SECRET = "planted-secret-7f3a9"
+JOB_KEY = "planted-job-key-" + "9e" * 16  # the operator's key: signs, never shown
 URL_PASSWORD = "planted-url-pw-55c1"
 
 
@@ -33,6 +34,7 @@ def test_clean_two_ranks_pass_and_leak_no_secret(tmp_path):
         GITHUB_STEP_SUMMARY=str(summary),
         TORCH_PLANTED_TOKEN=SECRET,
         NCCL_PLANTED_PROXY=f"http://bob:{URL_PASSWORD}@proxy:3128",
+        LOCKSTEP_JOB_KEY=JOB_KEY,
     )
     proc = subprocess.run(
         [sys.executable, "-m", "lockstep", "preflight", "--nproc", "2", "--json", str(report_path)],
@@ -62,7 +64,8 @@ def test_clean_two_ranks_pass_and_leak_no_secret(tmp_path):
     assert compared in summary.read_text()
 
     text = "\n".join([proc.stdout, proc.stderr, report_path.read_text(), summary.read_text()])
-    assert SECRET not in text and URL_PASSWORD not in text
+    assert SECRET not in text and URL_PASSWORD not in text and JOB_KEY not in text
+    assert report["authenticated"] is True
     env_section = report["fingerprints"]["0"]["sections"]["env"]
     assert env_section["TORCH_PLANTED_TOKEN"].startswith("<redacted:")
     assert env_section["NCCL_PLANTED_PROXY"].startswith("http://<redacted:")
@@ -150,7 +153,8 @@ def test_missing_ranks_exit_3_within_the_timeout(tmp_path):
 
 
 def test_two_nodes_with_two_torchrun_agents(tmp_path):
-    """`--nnodes 2` on one machine: 4 ranks pass and the report groups them by node."""
+    """`--nnodes 2` on one machine: 4 ranks pass and the report groups them by node. No job
+    key under an outer launcher: the same exit 0, but the verdict says UNAUTHENTICATED."""
     port, report = free_port(), tmp_path / "report.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2"]
     cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
@@ -173,4 +177,6 @@ def test_two_nodes_with_two_torchrun_agents(tmp_path):
     assert data["ok"] and data["world_size"] == 4
     assert sorted((n["node"], n["ranks"]) for n in data["nodes"]) == [(0, [0, 1]), (1, [2, 3])]
     assert "links" not in data  # two agents, one hostname: the link stage's default is off
-    assert any("PASS: 4 ranks on 2 nodes" in out for out in outputs)
+    assert data["authenticated"] is False
+    assert any("UNAUTHENTICATED: 4 ranks on 2 nodes" in out for out in outputs), outputs
+    assert not any("PASS" in out for out in outputs)

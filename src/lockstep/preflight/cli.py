@@ -41,6 +41,12 @@ def register(subparsers) -> None:
         "--min-busbw", type=float, metavar="GBPS", help="fail below this all_reduce busbw"
     )
     _add_links(pre)
+    pre.add_argument(
+        "--require-key",
+        action="store_true",
+        help="exit 2 when no job key is set (LOCKSTEP_JOB_KEY or LOCKSTEP_JOB_KEY_FILE); without "
+        "one, ranks on several hosts run unauthenticated and the verdict says UNAUTHENTICATED",
+    )
     add_allow(pre)
     pre.set_defaults(func=_preflight)
 
@@ -107,5 +113,6 @@ def _preflight(args: argparse.Namespace) -> int:
         exclude_out=args.exclude_out,
         plot=args.plot,
         allow=args.allow,
+        require_key=args.require_key,
     )
     return start.run(options)

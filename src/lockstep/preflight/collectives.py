@@ -3,12 +3,20 @@
 Each rank checks what it received against a result it can compute alone (a barrier or an
 all_reduce of ones proves nothing about the bytes). Bandwidth follows nccl-tests: busbw =
 algbw * 2(n-1)/n; the report keeps the slowest rank, since one slow link gates the job.
+
+The rows the ranks gather (section digests, measurements) carry each rank's MAC under the job
+key and the run's nonce (`seal_bytes`, `seal_ints`): a row changed on its way, or sent by
+something that joined the process group through its unauthenticated rendezvous, is refused
+(`open_bytes`, `open_ints`) with the rank it claims.
 """
 
 from __future__ import annotations
 
 import hashlib
+import struct
 import time
+
+from lockstep.preflight.store import Refused, Signer
 
 COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "reduce_scatter")
 CPU_SIZES = (256 << 10, 4 << 20)
@@ -82,3 +90,36 @@ def matmul_checksum(torch, device) -> int | None:
 def _sync(torch, device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+_MAC_BYTES = 32
+
+
+def seal_bytes(signer: Signer, name: str, rank: int, data: bytes) -> bytes:
+    """`data` and this rank's MAC over it, for an all-gather."""
+    return bytes(data) + signer.row_mac(name, rank, bytes(data))
+
+
+def open_bytes(signer: Signer, name: str, rank: int, row: bytes) -> bytes:
+    """Rank `rank`'s `data` from its sealed row, or `Refused`."""
+    data, mac = row[:-_MAC_BYTES], row[-_MAC_BYTES:]
+    if not signer.row_ok(name, rank, data, mac):
+        raise Refused(
+            "forged",
+            f"the {name} row gathered from rank {rank}",
+            f"rank {rank}",
+            "its MAC does not match the job key",
+        )
+    return data
+
+
+def seal_ints(signer: Signer, name: str, rank: int, values: list[int]) -> list[int]:
+    """`values` (int64) and this rank's MAC as four more int64s."""
+    data = struct.pack(f"<{len(values)}q", *values)
+    return [*values, *struct.unpack("<4q", signer.row_mac(name, rank, data))]
+
+
+def open_ints(signer: Signer, name: str, rank: int, row: list[int]) -> list[int]:
+    values = row[:-4]
+    open_bytes(signer, name, rank, struct.pack(f"<{len(row)}q", *row))
+    return values

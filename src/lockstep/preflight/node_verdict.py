@@ -27,11 +27,18 @@ def decide(
     timeout_s: float,
     endpoint: str,
     duplicates: dict[int, list[str]] | None = None,
+    refused: dict[int, tuple[str | None, str]] | None = None,
 ) -> dict:
     """{"exit_code", "ok", "failed": [{node, host, ranks, problems}], "missing": [node ranks],
     "hosts": hostnames of the failed nodes, "lines": one line per named node, "line": all}.
-    Exit 1 when a node that arrived reported a problem, else 3 when a node never arrived."""
+    Exit 1 when a node that arrived reported a problem or its check-in was refused (`refused`:
+    node rank -> (the sender it claims, why): forged, malformed or replayed), else 3 when a
+    node never arrived."""
     failed, lines = [], []
+    for node, (claims, why) in sorted((refused or {}).items()):
+        ranks = node_ranks(node, nproc)
+        failed.append({"node": node, "host": claims or "?", "ranks": ranks, "problems": [why]})
+        lines.append(f"node {node}'s check-in (ranks {ranges(ranks)}): {why}")
     for node in sorted(checkins):
         entry = checkins[node]
         problems = list(entry.get("problems") or [])
@@ -46,7 +53,7 @@ def decide(
             lines.append(
                 f"{entry['host']} (node {node}, rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}): {'; '.join(problems)}"
             )
-    missing = [k for k in range(nnodes) if k not in checkins]
+    missing = [k for k in range(nnodes) if k not in checkins and k not in (refused or {})]
     if missing:
         lines.append(
             f"node{'s' if len(missing) > 1 else ''} {ranges(missing)} (ranks "

@@ -16,6 +16,8 @@ others wait out the join timeout (600 s) in silence. Here every node first *chec
    HOST:PORT, then `lockstep preflight` on every rank as under torchrun.
 
 A node that cannot reach node 0 says so itself and exits 3; node 0 names it as never arrived.
+Every value is signed with the job's key (`store`): a check-in or verdict that another host
+wrote is refused and named, never believed.
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ import time
 import uuid
 
 from lockstep.errors import EXIT_OK, RankTimeout
-from lockstep.preflight import node_verdict
+from lockstep.preflight import job_key, node_verdict
 from lockstep.preflight.local.ifnames import socket_ifnames
 from lockstep.preflight.local.resolves import resolves
 from lockstep.preflight.options import MultiNode, Options
-from lockstep.preflight.store import CheckIn, connect
+from lockstep.preflight.store import CheckIn, Signer, connect
 
 LINGER_S = 10.0
 _EXTRA_S = 15.0  # the store's own timeout beyond --timeout: node 0 decides at --timeout
@@ -49,7 +51,7 @@ def node_problems(host: str) -> list[str]:
     return problems
 
 
-def check_in(multi: MultiNode, timeout_s: float) -> tuple[dict, str]:
+def check_in(multi: MultiNode, timeout_s: float, signer: Signer) -> tuple[dict, str]:
     """This node's part of the check-in; the verdict (`node_verdict.decide`'s dict) and the
     run id every node's agent then uses."""
     host, port = multi.endpoint
@@ -66,7 +68,6 @@ def check_in(multi: MultiNode, timeout_s: float) -> tuple[dict, str]:
         host,
         port + 1,
         serve=multi.node_rank == 0,
-        bind="0.0.0.0",
         timeout_s=timeout_s + _EXTRA_S,
         reach_s=timeout_s,
         messages={
@@ -76,11 +77,15 @@ def check_in(multi: MultiNode, timeout_s: float) -> tuple[dict, str]:
             "name": "the check-in",
         },
     )
-    checkin = CheckIn(store, "lockstep/nodes")
+    store = store.signed(signer, f"node {multi.node_rank} on {me}").prefixed("lockstep/nodes")
+    run = store.begin_run(make=multi.node_rank == 0, within_s=timeout_s + _EXTRA_S)
+    if run is None:
+        raise RankTimeout(f"preflight: node 0 posted no run nonce at {where}; it stalled or died")
+    checkin = CheckIn(run, "checkin")
     checkin.post(multi.node_rank, mine, who=me)
     if multi.node_rank == 0:
         return _decide(checkin, multi, timeout_s, where)
-    answer = checkin.await_answer(timeout_s + _EXTRA_S)
+    answer = checkin.await_answer(timeout_s + _EXTRA_S, _is_answer)
     if answer is None:
         raise RankTimeout(
             f"preflight: node 0 gave no check-in verdict within {timeout_s + _EXTRA_S:g}s "
@@ -90,7 +95,7 @@ def check_in(multi: MultiNode, timeout_s: float) -> tuple[dict, str]:
 
 
 def _decide(checkin: CheckIn, multi: MultiNode, timeout_s: float, where: str) -> tuple[dict, str]:
-    checkins = checkin.gather(multi.nnodes, time.monotonic() + timeout_s)
+    checkins = checkin.gather(multi.nnodes, time.monotonic() + timeout_s, _is_checkin)
     verdict = node_verdict.decide(
         multi.nnodes,
         checkins,
@@ -98,6 +103,7 @@ def _decide(checkin: CheckIn, multi: MultiNode, timeout_s: float, where: str) ->
         timeout_s=timeout_s,
         endpoint=where,
         duplicates={k: ["another node"] for k in checkin.claimed_twice(multi.nnodes)},
+        refused={k: (err.by, err.detail) for k, err in checkin.refused.items()},
     )
     run_id = f"lockstep-preflight-{uuid.uuid4().hex[:8]}"
     checkin.answer({"verdict": verdict, "run_id": run_id})
@@ -110,10 +116,14 @@ def run_node(options: Options) -> int:
     ranks; the exit code every node agrees on."""
     multi = options.multinode
     assert multi is not None
-    verdict, run_id = check_in(multi, options.timeout)
+    signer = Signer(job_key.load())
+    job_key.require(signer.key, options.require_key)
+    verdict, run_id = check_in(multi, options.timeout, signer)
     if not verdict["ok"]:
         print(verdict["line"], flush=True)
         return verdict["exit_code"]
+    if not signer.authenticated:
+        print(f"preflight: UNAUTHENTICATED check-in (no {job_key.KEY_ENV}): {verdict['line']}")
     from lockstep.launch.ranks import run_multinode_cli
 
     code = run_multinode_cli(
@@ -126,3 +136,25 @@ def run_node(options: Options) -> int:
         argv=["preflight", *options.rank_argv()],
     )
     return code if code is not None else EXIT_OK
+
+
+def _is_checkin(value: object) -> bool:
+    """A node's check-in as `node_verdict` reads it (anything else is refused as malformed)."""
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("host"), str)
+        and isinstance(value.get("nproc"), int)
+        and isinstance(value.get("problems"), list)
+        and all(isinstance(p, str) for p in value["problems"])
+    )
+
+
+def _is_answer(value: object) -> bool:
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("run_id"), str)
+        and isinstance(value.get("verdict"), dict)
+        and isinstance(value["verdict"].get("ok"), bool)
+        and isinstance(value["verdict"].get("exit_code"), int)
+        and isinstance(value["verdict"].get("line"), str)
+    )

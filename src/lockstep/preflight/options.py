@@ -52,6 +52,7 @@ class Options:
     plot: str | None = None
     allow: tuple[str, ...] = ()
     nproc: int | None = None  # --nproc as given (None: not given; 1 rank by default)
+    require_key: bool = False  # a missing job key (LOCKSTEP_JOB_KEY[_FILE]) is an error
     multinode: MultiNode | None = None
 
     @classmethod
@@ -101,6 +102,8 @@ class Options:
                 argv += [flag, str(value)]
         if self.links is not None:
             argv.append("--links" if self.links else "--no-links")
+        if self.require_key:
+            argv.append("--require-key")
         for field in self.allow:
             argv += ["--allow", field]
         return argv

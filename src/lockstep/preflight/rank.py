@@ -24,13 +24,13 @@ import torch.distributed as dist
 from lockstep.env import compare, fingerprint
 from lockstep.errors import CheckFailed, RankTimeout
 from lockstep.launch.detect import RankInfo
-from lockstep.preflight import collectives, report, verdict
+from lockstep.preflight import collectives, job_key, report, verdict
 from lockstep.preflight.lines import first_line, ranges
 from lockstep.preflight.links import stage as link_stage
 from lockstep.preflight.links.layout import layout
 from lockstep.preflight.local import gpu, registry
 from lockstep.preflight.options import Options
-from lockstep.preflight.store import CheckIn, Store, connect
+from lockstep.preflight.store import CheckIn, Refused, Signer, Store, connect
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,8 @@ class _Gathered:
 
 def run_rank(info: RankInfo, options: Options) -> int:
     started = time.perf_counter()
+    signer = Signer(job_key.load())
+    job_key.require(signer.key, options.require_key)
     checks = registry.run_all(info, torch)
     fatal = registry.fatal()
     unreachable = [c for c in checks if c["name"] in fatal and c["status"] == "fail"]
@@ -77,7 +79,7 @@ def run_rank(info: RankInfo, options: Options) -> int:
     # Before meeting peers, so a bad lock or image manifest ends every rank with exit 2 at once.
     fp = fingerprint.collect(lock=Path(options.lock) if options.lock else None)
 
-    store = _connect(info, options.timeout)
+    store = _connect(info, options.timeout, signer)
     job = _Job(info, store, CheckIn(store, "checkin"), device, options)
     try:
         os.environ["LOCKSTEP_REDACT_SALT"] = _check_in(job, identity)
@@ -95,6 +97,10 @@ def run_rank(info: RankInfo, options: Options) -> int:
         if info.rank != 0:
             return _await_verdict(store, job.timeout_s)
         return _decide(job, gathered, ignored, started, links)
+    except Refused:
+        if info.rank == 0:  # a forgery read on rank 0: every rank fails with it, named here
+            _post_verdict(job, 1)
+        raise
     except RuntimeError as err:  # torch.distributed's errors, timeouts included
         from lockstep.forensics import recorder
 
@@ -118,8 +124,13 @@ def _exchange(job: _Job, fp: dict, ignored: compare.Ignored) -> _Gathered:
     """The collective part, the same on every rank: digests, representatives' fingerprints
     into the store, collectives by value, all_reduce timings, the matmul checksum."""
     n, device = job.info.world_size, job.device
-    row = torch.frombuffer(bytearray(compare.section_digests(fp, ignored)), dtype=torch.uint8)
-    digests = [bytes(r.cpu().tolist()) for r in _all_gather(row.to(device))]
+    signer, me = job.store.signer, job.info.rank
+    sealed = collectives.seal_bytes(signer, "digests", me, compare.section_digests(fp, ignored))
+    row = torch.frombuffer(bytearray(sealed), dtype=torch.uint8)
+    digests = [
+        collectives.open_bytes(signer, "digests", r, bytes(got.cpu().tolist()))
+        for r, got in enumerate(_all_gather(row.to(device)))
+    ]
     groups = compare.group_ranks(digests)
     if job.info.rank in (g[0] for g in groups):
         job.store.put_text(f"fp/{job.info.rank}", fingerprint.canonical_json(fp))
@@ -130,8 +141,11 @@ def _exchange(job: _Job, fp: dict, ignored: compare.Ignored) -> _Gathered:
         sizes = collectives.GPU_SIZES if device.type == "cuda" else collectives.CPU_SIZES
     seconds = collectives.allreduce_seconds(dist, torch, device, sizes)
     checksum = collectives.matmul_checksum(torch, device)
-    mine = torch.tensor(_pack(ok, seconds, checksum), device=device)
-    rows = [r.cpu().tolist() for r in _all_gather(mine)]
+    mine = collectives.seal_ints(signer, "rows", me, _pack(ok, seconds, checksum))
+    rows = [
+        collectives.open_ints(signer, "rows", r, got.cpu().tolist())
+        for r, got in enumerate(_all_gather(torch.tensor(mine, device=device)))
+    ]
     return _Gathered(digests=digests, groups=groups, rows=rows, sizes=sizes)
 
 
@@ -202,6 +216,7 @@ def _decide(
         links=link_section,
     )
     result["elapsed_s"] = round(time.perf_counter() - started, 3)  # rank 0, after import torch
+    result["authenticated"] = store.signer.authenticated
     verdict_board = CheckIn(store, "verdict")
     verdict_board.answer(result["exit_code"])
     report.emit(result, json_path=Path(options.json) if options.json else None)
@@ -210,6 +225,13 @@ def _decide(
     silent = len(link_section["silent_ranks"]) if link_section else 0
     verdict_board.linger(n - 1 - silent, job.timeout_s)
     return result["exit_code"]
+
+
+def _post_verdict(job: _Job, code: int) -> None:
+    """Rank 0 ends early (a forgery refused): the others get `code` and read it."""
+    board = CheckIn(job.store, "verdict")
+    board.answer(code)
+    board.linger(job.info.world_size - 1, min(job.timeout_s, 10.0))
 
 
 def _pack(ok: dict[str, bool], seconds: list[float], checksum: int | None) -> list[int]:
@@ -269,9 +291,9 @@ def _address(info: RankInfo) -> str | None:
         return None
 
 
-def _connect(info: RankInfo, timeout_s: float) -> Store:
+def _connect(info: RankInfo, timeout_s: float, signer: Signer) -> Store:
     """The c10d TCPStore: rank 0 serves it unless torchrun's agent already does; this job's
-    prefix of it."""
+    prefix of it, signed under the run's nonce (rank 0 makes it)."""
     serve = info.rank == 0 and not info.agent_store
     where = f"{info.master_addr}:{info.master_port}"
     store = connect(
@@ -288,7 +310,12 @@ def _connect(info: RankInfo, timeout_s: float) -> Store:
             "name": "the store",
         },
     )
-    return store.prefixed(f"lockstep/preflight/{_run_id()}")
+    store = store.prefixed(f"lockstep/preflight/{_run_id()}")
+    store = store.signed(signer, f"rank {info.rank} on {socket.gethostname()}")
+    run = store.begin_run(make=info.rank == 0, within_s=timeout_s)
+    if run is None:
+        raise RankTimeout(f"rank 0 posted no run nonce within {timeout_s:g}s; it stalled or died")
+    return run
 
 
 def _run_id() -> str:
@@ -307,10 +334,14 @@ def _check_in(job: _Job, identity: dict) -> str:
     info, timeout_s, checkin = job.info, job.timeout_s, job.checkin
     checkin.post(info.rank, identity, who=socket.gethostname())
     if info.rank == 0:
-        posted = checkin.gather(info.world_size, time.monotonic() + timeout_s)
+        posted = checkin.gather(info.world_size, time.monotonic() + timeout_s, _is_identity)
         missing = [r for r in range(info.world_size) if r not in posted]
         answer = {"missing": missing, "salt": secrets.token_hex(8), "blocked": None}
-        if not missing:
+        if checkin.refused:  # forged or malformed check-ins: named, never believed
+            answer["blocked"] = "preflight: " + " | ".join(
+                r.detail for r in checkin.refused.values()
+            )
+        elif not missing:
             identities = [posted[r] for r in range(info.world_size)]
             names = registry.blocking(job.backend)
             blocked = verdict.blocking(identities, info.launcher, job.backend, names)
@@ -323,7 +354,7 @@ def _check_in(job: _Job, identity: dict) -> str:
         if missing or answer["blocked"]:  # about to exit: let the ranks that did arrive read why
             checkin.linger(info.world_size - len(missing) - 1, timeout_s)
     else:
-        answer = checkin.await_answer(timeout_s + 10)
+        answer = checkin.await_answer(timeout_s + 10, _is_checkin_answer)
         if answer is None:
             raise RankTimeout(
                 f"rank 0 gave no check-in answer within {timeout_s + 10:g}s; it stalled or died"
@@ -358,7 +389,7 @@ def _silent_ranks(job: _Job) -> str | None:
             ident = job.checkin.read(r)
             where = ident["host"] + (f" ({ident['address']})" if ident.get("address") else "")
             hosts.setdefault(where, []).append(r)
-    except (RuntimeError, ValueError):
+    except (RuntimeError, ValueError, Refused):
         return None
     return "; ".join(
         f"rank{'s' if len(rs) > 1 else ''} {ranges(rs)} on {where}" for where, rs in hosts.items()
@@ -366,7 +397,27 @@ def _silent_ranks(job: _Job) -> str | None:
 
 
 def _await_verdict(store: Store, timeout_s: float) -> int:
-    code = CheckIn(store, "verdict").await_answer(timeout_s)
+    code = CheckIn(store, "verdict").await_answer(timeout_s, lambda v: v in (0, 1, 2, 3, 4))
     if code is None:
         raise RankTimeout(f"rank 0 sent no verdict within {timeout_s:g}s")
     return int(code)
+
+
+def _is_identity(value: object) -> bool:
+    """A rank's check-in as `verdict` reads it (anything else is refused as malformed)."""
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("rank"), int)
+        and isinstance(value.get("host"), str)
+        and isinstance(value.get("checks"), list)
+        and all(isinstance(c, dict) for c in value["checks"])
+    )
+
+
+def _is_checkin_answer(value: object) -> bool:
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("missing"), list)
+        and isinstance(value.get("salt"), str)
+        and isinstance(value.get("blocked"), str | None)
+    )

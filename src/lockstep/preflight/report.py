@@ -51,10 +51,16 @@ def _show(value: object) -> str:
 
 
 def _verdict(report: dict) -> str:
+    """The verdict line. PASS only where every value read was signed with the job key
+    (`preflight.store`); without a key the same exit 0 says UNAUTHENTICATED."""
     ranks, nodes = report["world_size"], len(report["nodes"])
     head = f"{ranks} rank{'s' if ranks != 1 else ''} on {nodes} node{'s' if nodes != 1 else ''}"
-    verdict = "PASS" if report["ok"] else "FAIL"
-    return f"{verdict}: {head}, {report['launcher']}, {report['backend']}, {report['elapsed_s']} s"
+    authenticated = report.get("authenticated", True)
+    verdict = "FAIL" if not report["ok"] else "PASS" if authenticated else "UNAUTHENTICATED"
+    line = f"{verdict}: {head}, {report['launcher']}, {report['backend']}, {report['elapsed_s']} s"
+    if not authenticated:
+        line += " (no job key, so nothing read from the store was verified: docs/preflight.md)"
+    return line
 
 
 def print_console(report: dict) -> None:

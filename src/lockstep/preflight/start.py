@@ -1,7 +1,8 @@
 """Which launch one call of `lockstep preflight` is, and its start: one node of preflight's own
 multi-node launch (`--nnodes`, `nodes.run_node`), one rank under an outer launcher (torchrun,
 srun, mpirun, ...: `rank.run_rank`), or, with no launcher, `--nproc N` local ranks started
-here through torchrun's launcher API, each running `lockstep preflight` as under torchrun."""
+here through torchrun's launcher API, each running `lockstep preflight` as under torchrun
+(with a job key made here when the operator set none: `job_key.local_key`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from lockstep.errors import UsageError
 from lockstep.launch import detect
+from lockstep.preflight import job_key
 from lockstep.preflight.options import Options
 
 
@@ -37,11 +39,13 @@ def run_local(options: Options) -> int:
     named on stderr) only when a timeout's report was written there (`lockstep.forensics`)."""
     from lockstep.launch import run_local_cli
 
+    job_key.load()  # the operator's key, if any, checked before any rank starts
     folder = Path(tempfile.mkdtemp(prefix="lockstep-preflight-")) / "flight-recorder"
     try:
-        return run_local_cli(
-            options.nproc or 1, ["preflight", *options.rank_argv()], forensics=folder
-        )
+        with job_key.local_key():  # else one made here: every rank is on this host
+            return run_local_cli(
+                options.nproc or 1, ["preflight", *options.rank_argv()], forensics=folder
+            )
     finally:
         if not (folder / "report.txt").is_file():
             shutil.rmtree(folder.parent, ignore_errors=True)

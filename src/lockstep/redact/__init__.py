@@ -13,7 +13,7 @@ whole value goes, nested or not, whatever its type. Free text: credentials in UR
 holding `@`, `/` or spaces too), `NAME=value`, `--name=value`, `--name value`, `NAME: value`,
 `"name": "value"` (JSON), Authorization headers and bearer tokens, secret query parameters of
 signed URLs, PEM private keys, .netrc lines, known token shapes, base64 Basic
-credentials.
+credentials, and secrets known by value (preflight's job key, `add_secret_value`).
 
 The modules: `names` (which names are secret, the digest shown), `text` (free text),
 `files` (command lines, logs, mappings). What code outside uses is exported here.
@@ -29,9 +29,10 @@ from lockstep.redact.files import (
     scrubbed_logger,
 )
 from lockstep.redact.names import fingerprint_of, is_secret_name, redacted
-from lockstep.redact.text import escape_controls, scrub_text
+from lockstep.redact.text import add_secret_value, escape_controls, scrub_text
 
 __all__ = [
+    "add_secret_value",
     "escape_controls",
     "fingerprint_of",
     "is_secret_name",

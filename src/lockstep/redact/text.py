@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import re
 
 from lockstep.redact.names import is_secret_name, redacted
@@ -305,11 +306,33 @@ def _blocks(text: str) -> str:
     return "".join(out)
 
 
+# Secrets known by value (preflight's job key), replaced wherever they stand; the environment's
+# `LOCKSTEP_JOB_KEY` counts too, so a process that never loaded it still keeps it out.
+_KNOWN: set[str] = set()
+_KEY_ENV = "LOCKSTEP_JOB_KEY"
+_MIN_KNOWN = 8  # shorter values would redact ordinary words
+
+
+def add_secret_value(value: str) -> None:
+    """Keep `value` (a key lockstep holds) out of every scrubbed text from now on."""
+    if len(value) >= _MIN_KNOWN:
+        _KNOWN.add(value)
+
+
+def _known_values(text: str) -> str:
+    env = os.environ.get(_KEY_ENV, "").strip()
+    for value in _KNOWN | ({env} if len(env) >= _MIN_KNOWN else set()):
+        if value in text:
+            text = text.replace(value, redacted(value))
+    return text
+
+
 def scrub_text(text: str) -> str:
     """Replace every secret that free text may carry (see the module docstring), in time linear
     in its length."""
     if not isinstance(text, str):
         text = str(text)
+    text = _known_values(text)
     text = _PEM.sub(lambda m: redacted(m.group(0)), text)
     if ":" in text:
         text = _blocks(text)

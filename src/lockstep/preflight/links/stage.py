@@ -126,8 +126,11 @@ def _second_plan(
     """Rank 0 reads the first pass, posts the rest (`schedule.second_plan`: the slow links
     again, and beyond the full matrix the second pass); the others wait for it."""
     if rank == 0:
-        got = pass1.gather(world, time.monotonic() + timeout_s)
+        got = pass1.gather(world, time.monotonic() + timeout_s, _is_records)
         missing = [r for r in range(world) if r not in got]
+        if pass1.refused:  # a forged or malformed record: every rank ends, rank 0 names it
+            pass1.answer({"abort": sorted(pass1.refused)})
+            raise next(iter(pass1.refused.values()))
         if missing:
             pass1.answer({"abort": missing})
             raise LinkStageFailed(f"ranks {missing} sent no first-pass results")
@@ -140,7 +143,7 @@ def _second_plan(
         answer = {"rounds": plan}
         pass1.answer(answer)
     else:
-        answer = pass1.await_answer(timeout_s + 10)
+        answer = pass1.await_answer(timeout_s + 10, _is_plan)
         if answer is None:
             raise LinkStageFailed("rank 0 posted no second-pass plan")
     if "abort" in answer:
@@ -206,7 +209,10 @@ def collect(
     """Rank 0, after its own part: wait for every rank's status (at most the timeout plus a
     grace from the stage's start), then judge what was measured (`section.assess`)."""
     deadline = started + timeout_s + max(2.0, 0.25 * timeout_s)
-    ended = CheckIn(store, "links/end").gather(world, deadline)
+    board = CheckIn(store, "links/end")
+    ended = board.gather(world, deadline, _is_end)
+    if board.refused:  # a link figure another writer made is never judged
+        raise next(iter(board.refused.values()))
     statuses = {r: e["status"] for r, e in ended.items()}
     records = {r: e["records"] for r, e in ended.items()}
     silent = [r for r in range(world) if r not in statuses]
@@ -245,4 +251,30 @@ def write_outputs(links_section: dict, *, exclude_out: str | None, plot: str | N
 def stage_bytes(device) -> int:
     return int(
         os.environ.get("LOCKSTEP_LINK_BYTES", GPU_BYTES if device.type == "cuda" else CPU_BYTES)
+    )
+
+
+def _is_records(value: object) -> bool:
+    """A rank's link records as `pair_links` reads them (else refused as malformed)."""
+    return isinstance(value, list) and all(
+        isinstance(r, dict)
+        and isinstance(r.get("peer"), int)
+        and isinstance(r.get("round"), int)
+        and isinstance(r.get("gbps_out"), int | float)
+        for r in value
+    )
+
+
+def _is_end(value: object) -> bool:
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("status"), dict)
+        and isinstance(value["status"].get("state"), str)
+        and _is_records(value.get("records"))
+    )
+
+
+def _is_plan(value: object) -> bool:
+    return isinstance(value, dict) and (
+        isinstance(value.get("abort"), list) or isinstance(value.get("rounds"), list)
     )
