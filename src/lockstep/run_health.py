@@ -107,9 +107,10 @@ def _bits(x: float) -> bytes:
 
 
 def flat_loss(records: list[dict]) -> Problem | None:
-    """`FLAT_STEPS` or more consecutive logged steps whose loss is bitwise identical."""
+    """`FLAT_STEPS` or more consecutive logged steps whose loss is bitwise identical (and
+    finite: NaN and inf are `first_non_finite`'s)."""
     logged = [(int(r["step"]), number(r.get("loss"))) for r in _in_order(records)]
-    logged = [(s, x) for s, x in logged if x is not None]
+    logged = [(s, x) for s, x in logged if x is not None and math.isfinite(x)]
     start = 0
     for i in range(1, len(logged) + 1):
         if i < len(logged) and _bits(logged[i][1]) == _bits(logged[start][1]):
