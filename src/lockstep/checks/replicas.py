@@ -137,7 +137,8 @@ def check_script(runner: ScriptRunner, asked: Runs) -> CheckResult:
     if not {"param_digest", "buffer_digest"} & set(present):
         runner.note("no parameter digest logged: pass model=model to lockstep.track.log")
     if "buffer_digest" in present and _digested(per_rank[0]) != "parameters and buffers":
-        present.remove("buffer_digest")  # the model holds no buffers: nothing to compare
+        present.remove("buffer_digest")
+        runner.note("the model holds no buffers: buffer_digest covers nothing, not compared")
     if "loss" in present and _local_loss(runs, present):
         runner.note("the logged loss differs per rank from step 1 while the replicas agree: "
                     "each rank logs its local loss; losses left out of the comparison")  # fmt: skip
