@@ -148,7 +148,7 @@ def _covered(t, gather: bool):
     if getattr(t, "ds_id", None) is not None:
         if not gather:
             return t.ds_tensor
-        from deepspeed.zero import GatheredParameters
+        from deepspeed.runtime.zero import GatheredParameters
 
         with GatheredParameters([t]):
             return t.detach().clone()
