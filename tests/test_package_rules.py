@@ -143,7 +143,7 @@ LAYERS = [
     "testing",
     "launch",
     "forensics | integrations",
-    "alerts",
+    "alerts | run_health",
     "track",
     "errors : redact : compat : extras : summary_md : job_options : module_digest : inputs",
 ]

@@ -25,6 +25,8 @@ Fields of a line (`step` and `loss` required, the rest optional):
     tokens_per_s  float  throughput of the step
     step_time_s   float  wall time of the step
     mem_bytes     int    peak accelerator memory (or CPU RSS) of the step
+    skipped       bool   the optimizer skipped this step's update (fp16 loss scaling found
+                         inf or NaN); a non-finite grad_norm is then a note, not a failure
     param_digest  str    with `model=`: exact checksum of this rank's parameters
     buffer_digest str    with `model=`: the same over its buffers (BatchNorm running stats...)
 
@@ -134,9 +136,23 @@ def _plain(value):
 _INT_VIEW = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
 
 
-def _sharded(t) -> bool:
-    """Parameters each rank holds a different piece of by design: FSDP2's DTensor, ZeRO-3."""
-    return type(t).__name__ == "DTensor" or getattr(t, "ds_id", None) is not None
+EMPTY_DIGEST = hashlib.sha256().hexdigest()[:16]  # what `digests` gives for no tensor at all
+
+
+def _covered(t, gather: bool):
+    """The tensor a digest covers. A parameter each rank holds a piece of (FSDP2's DTensor,
+    ZeRO-3) is gathered to its full value when every rank digests (`gather`: a collective,
+    so replicas compare the same thing), else this rank's own piece."""
+    if type(t).__name__ == "DTensor":
+        return t.full_tensor() if gather else t.to_local()
+    if getattr(t, "ds_id", None) is not None:
+        if not gather:
+            return t.ds_tensor
+        from deepspeed.runtime.zero import GatheredParameters
+
+        with GatheredParameters([t]):
+            return t.detach().clone()
+    return t
 
 
 def _checksums(tensors) -> list[int]:
@@ -162,16 +178,18 @@ def _checksums(tensors) -> list[int]:
     return [int(x) for x in torch.stack([s.cpu() for s in sums]).tolist()]
 
 
-def digests(model) -> dict[str, str]:
+def digests(model, gather: bool = False) -> dict[str, str]:
     """`param_digest` and `buffer_digest` of a module on this rank: 16 hex digits each, equal
-    when every parameter (every buffer) is bitwise equal. Costs two integer reductions per
-    tensor and one transfer; sharded parameters (DTensor, ZeRO-3) are left out."""
+    when every parameter (every buffer) is bitwise equal; `EMPTY_DIGEST` when it holds none.
+    Costs two integer reductions per tensor and one transfer. Sharded parameters (DTensor,
+    ZeRO-3) count by their full value with `gather` (every rank must call it then), else by
+    this rank's shard (`_covered`)."""
     out = {}
     for field, named in (
         ("param_digest", model.named_parameters()),
         ("buffer_digest", model.named_buffers()),
     ):
-        items = [(n, t) for n, t in named if t is not None and not _sharded(t)]
+        items = [(n, _covered(t, gather)) for n, t in named if t is not None]
         h = hashlib.sha256()
         for (name, t), pair in zip(items, _pairs(_checksums(t for _, t in items)), strict=True):
             h.update(f"{name}:{tuple(t.shape)}:{t.dtype}:{pair[0]}:{pair[1]}\0".encode())
@@ -238,7 +256,8 @@ def log(step: int, *, model=None, **metrics) -> None:
     own = {"time"} - set(metrics)  # fields lockstep added: kept out of wandb
     record.setdefault("time", _time.time())
     if model is not None and path is not None:
-        record.update(digests(model))
+        # every rank digests when every rank writes: sharded parameters are gathered
+        record.update(digests(model, gather=RANK_PLACEHOLDER in os.environ["LOCKSTEP_METRICS"]))
     if path:
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record, sort_keys=True) + "\n")

@@ -1,5 +1,6 @@
 """A black-box training script for the gate tests: 2 gloo ranks, the protocol of
-`lockstep.track`, and planted changes chosen by GATE_PLANT (lr, init, data, slow, leak; abort-exit and abort-mid: libstdc++'s
+`lockstep.track`, and planted changes chosen by GATE_PLANT (lr, init, data, slow, leak; nan: the loss
+NaN from step 4, as an exploding run; abort-exit and abort-mid: libstdc++'s
 std::terminate after the run, as gloo's abort at interpreter exit, or after step 2).
 
 Each step sleeps a fixed 0.15 s besides its small compute, as a GPU-bound step waits on its
@@ -45,6 +46,8 @@ for step in range(1, (proto.max_steps or 6) + 1):
         kept.append(torch.ones(10 * 2**20))
     time.sleep(max(0.0, STEP_S - (time.perf_counter() - start)))
     dist.all_reduce(loss := loss.detach())
+    if plant == "nan" and step >= 4:
+        loss = loss * float("nan")
     track.log(step, loss=loss / world, lr=opt.param_groups[0]["lr"])
     if plant == "abort-mid" and step == 2:
         ctypes.CFUNCTYPE(None)(TERMINATE.value)()

@@ -91,6 +91,22 @@ def test_unchanged_passes_and_a_leak_fails_on_outside_memory(recorded, tmp_path,
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000 for p in pngs)
 
 
+def test_a_nan_run_fails_and_is_never_called_better(recorded, tmp_path, monkeypatch, capsys):
+    """The loss NaN from step 4 (written "nan" by `track.log`): it failed, but as "better than
+    the golden: if intended, refresh it", inviting a NaN as the new golden."""
+    folder, _ = recorded
+    monkeypatch.setenv("GATE_PLANT", "nan")
+    out = tmp_path / "r.json"
+    assert gate("check", "demo", *JOB, "--dir", folder, "--json", out) == 1
+    shown = capsys.readouterr().out
+    assert "better" not in shown and "loss is nan at step 4 (not a finite number)" in shown
+    report = json.loads(out.read_text())
+    assert report["verdict"] == "fail" and not report["passed"]
+    (loss,) = [f for f in report["findings"] if f["metric"] == "loss"]
+    assert loss["status"] == "fail" and loss["step"] == 4 and loss["worse"] is True
+    assert "(3 of 6 steps not finite)" in loss["message"]
+
+
 def test_missing_golden_exits_2_naming_the_nearest_key(recorded, tmp_path, capsys):
     _, path = recorded
     other = tmp_path / "demo" / "cpu-other-key.json"

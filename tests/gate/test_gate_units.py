@@ -304,8 +304,9 @@ def test_missing_steps_fail_by_name():
 
 
 def test_memory_growth_and_peak():
-    g = golden.build([run([1.0] * 6, mem=lambda i: 1e9 + i * 1e5)] * 3, HEADER)
-    leak = compare(g, run([1.0] * 6, mem=lambda i: 1e9 + i * 5e7))
+    losses = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5]  # a run that trains: a flat loss is refused
+    g = golden.build([run(losses, mem=lambda i: 1e9 + i * 1e5)] * 3, HEADER)
+    leak = compare(g, run(losses, mem=lambda i: 1e9 + i * 5e7))
     assert {f.metric for f in leak if f.failed} == {"mem_bytes", "mem_growth_bytes"}
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from lockstep.checks.divergence_replay import investigated
 from lockstep.checks.harness import first_param_difference, numeric_tolerance
-from lockstep.checks.result import CheckResult, tolerance
+from lockstep.checks.result import CheckResult, skipped_notes, tolerance, unsound
 from lockstep.checks.trajectory import first_divergence
 from lockstep.module_digest import PASSES
 from lockstep.train.config import RunConfig
@@ -34,6 +34,10 @@ def agree(
     noise (then the check passes, saying so) or a real dependence.
     """
     rtol, atol = numeric_tolerance(cfg)
+    logged = {label: run_rows for label, (run_rows, _) in runs.items()}
+    bad = unsound(name, logged)
+    if bad is not None:
+        return bad
     (base, (base_rows, base_params)), *others = runs.items()
     for label, (other_rows, other_params) in others:
         div = first_divergence(
@@ -79,7 +83,10 @@ def agree(
             )
     steps = len(base_rows)
     return CheckResult(
-        name, True, f"{', '.join(runs)} agree over {steps} steps {tolerance(rtol, atol)}"
+        name,
+        True,
+        f"{', '.join(runs)} agree over {steps} steps {tolerance(rtol, atol)}",
+        notes=skipped_notes(logged),
     )
 
 

@@ -16,7 +16,7 @@ from lockstep.checks.harness import (
     without_checkpoints,
     world_size,
 )
-from lockstep.checks.result import CheckResult, tolerance
+from lockstep.checks.result import CheckResult, skipped_notes, tolerance, unsound
 from lockstep.checks.script_runs import Runs, ScriptRunner, require_steps
 from lockstep.checks.state import rows
 from lockstep.checks.trajectory import first_divergence
@@ -35,7 +35,12 @@ def check_determinism(cfg: RunConfig, workdir: Path) -> CheckResult:
     rtol, atol = exact_tolerance(cfg)
     cfg = without_checkpoints(cfg)
     runs = [run_training(cfg, workdir / f"determinism-{i}", capture_state=True) for i in (1, 2)]
-    div = first_divergence(rows(runs[0].steps), rows(runs[1].steps), rtol=rtol, atol=atol)
+    logged = {"run1": rows(runs[0].steps), "run2": rows(runs[1].steps)}
+    bad = unsound("determinism", logged)
+    if bad is not None:
+        bad.summary = f"{cfg.engine.name}: {bad.summary}"
+        return bad
+    div = first_divergence(logged["run1"], logged["run2"], rtol=rtol, atol=atol)
     if div is None:
         diff = first_param_difference(runs[0].params, runs[1].params, rtol, atol)
         if diff is None:
@@ -44,6 +49,7 @@ def check_determinism(cfg: RunConfig, workdir: Path) -> CheckResult:
                 True,
                 f"{cfg.engine.name}: two runs of {cfg.steps} steps on {world_size()} ranks agree "
                 f"{tolerance(rtol, atol)}, final parameter digest {runs[0].param_digest[:16]}",
+                notes=skipped_notes(logged),
             )
         failed = CheckResult(
             "determinism",
@@ -73,6 +79,10 @@ def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float)
     first = runner.run("determinism-1", nproc=nproc, max_steps=steps)
     second = runner.run("determinism-2", nproc=nproc, max_steps=steps, reuse=False)
     require_steps(first, steps, "determinism-1")
+    logged = {"run1": first, "run2": second}
+    bad = runner.unsound("determinism", logged)
+    if bad is not None:
+        return bad
     div = first_divergence(first, second, rtol=rtol, atol=atol)
     if div is None:
         return CheckResult(
@@ -80,7 +90,7 @@ def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float)
             True,
             f"two runs of {steps} steps on {nproc} ranks agree {tolerance(rtol, atol)}",
             logs=runner.logs,
-            notes=runner.take_notes(),
+            notes=runner.take_notes() + skipped_notes(logged),
         )
     forensics = module_replay(runner, div.step, nproc, rtol, atol)
     return CheckResult(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lockstep.checks.trajectory import Divergence
+from lockstep import run_health
+from lockstep.checks.trajectory import DEFAULT_METRICS, Divergence
 
 
 @dataclass
@@ -23,6 +24,7 @@ class CheckResult:
     # after a failure: where in the model the runs part (`divergence_replay.Findings`)
     forensics: dict | None = None
     judged: bool = True  # False: the check could not decide, and `summary` says why
+    problem: run_health.Problem | None = None  # a run unfit to pass (NaN, does not train)
 
     @property
     def verdict(self) -> str:
@@ -42,8 +44,27 @@ class CheckResult:
             "rank": self.rank,
             "notes": self.notes,
             "forensics": self.forensics,
+            "problem": self.problem.to_dict() if self.problem else None,
             "logs": self.logs,
         }
+
+
+def unsound(
+    name: str, runs: dict[str, list[dict]], metrics: tuple[str, ...] = DEFAULT_METRICS, **extra
+) -> CheckResult | None:
+    """The failed result when one of `runs` ({label: records}) logged NaN or inf among
+    `metrics` or does not train (`run_health.problem`), else None; `extra`: logs, notes..."""
+    for label, records in runs.items():
+        found = run_health.problem(records, metrics)
+        if found is not None:
+            return CheckResult(name, False, f"run {label}: {found.text}", problem=found, **extra)
+    return None
+
+
+def skipped_notes(runs: dict[str, list[dict]]) -> list[str]:
+    """`run_health.skipped_notes` of each run, labelled."""
+    return [f"run {label}: {n}" for label, rows in runs.items()
+            for n in run_health.skipped_notes(rows)]  # fmt: skip
 
 
 def tolerance(rtol: float, atol: float) -> str:

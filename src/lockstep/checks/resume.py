@@ -17,7 +17,7 @@ import torch.distributed as dist
 from lockstep.checks import registry
 from lockstep.checks.divergence_replay import investigated, trainer_side
 from lockstep.checks.harness import check_config, exact_tolerance, numeric_tolerance, world_size
-from lockstep.checks.result import CheckResult, tolerance
+from lockstep.checks.result import CheckResult, skipped_notes, tolerance, unsound
 from lockstep.checks.script_runs import Runs, ScriptRunner, require_steps
 from lockstep.checks.state import differences, rows, snapshot
 from lockstep.checks.trajectory import Divergence, by_step, first_divergence
@@ -100,7 +100,12 @@ def resume_compare(cfg: RunConfig, workdir: Path, half: int) -> CheckResult:
         "" if same_world else f" on {world_size()} ranks"
     )
     steps_after = range(half + 1, 2 * half + 1)
-    div = first_divergence(straight["steps"], rows(result.steps), steps=steps_after,
+    logged = {"straight": straight["steps"], "resumed": rows(result.steps)}
+    bad = unsound("resume", logged)
+    if bad is not None:
+        bad.summary = f"{where}: {bad.summary}"
+        return bad
+    div = first_divergence(logged["straight"], logged["resumed"], steps=steps_after,
                            rtol=rtol, atol=atol)  # fmt: skip
     param_atol = atol if same_world else 1e-2 * cfg.optimizer.lr
     end_diff = differences(straight["at_end"], at_end | {"RNG": None}, rtol, atol, param_atol)
@@ -110,6 +115,7 @@ def resume_compare(cfg: RunConfig, workdir: Path, half: int) -> CheckResult:
             True,
             f"{where}: the loaded state and steps {half + 1}..{2 * half} match a straight run "
             f"{tolerance(rtol, atol)}, final parameters and optimizer state included",
+            notes=skipped_notes(logged),
         )
     straight_cfg = check_config(cfg, steps=2 * half, checkpoint__resume="never",
                                 checkpoint__dir=str(workdir / "resume" / "replay-ckpt"))  # fmt: skip
@@ -199,6 +205,9 @@ def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float)
         "resume-second-half", nproc=nproc, max_steps=total, checkpoint_dir=ckpt, resume=True
     )
     require_steps(straight, total, "resume-straight")
+    bad = runner.unsound("resume", {"straight": straight, "resumed": resumed})
+    if bad is not None:
+        return bad
     logged = sorted(by_step(resumed))
     stopped = max(half, runner.last_logged.get("resume-first-half", half))  # overshoot
     wrong = _wrong_start(logged, half, stopped, total)
@@ -218,7 +227,7 @@ def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float)
             True,
             f"steps {first}..{total} after {where} match a straight run {tolerance(rtol, atol)}",
             logs=runner.logs,
-            notes=runner.take_notes(),
+            notes=runner.take_notes() + skipped_notes({"straight": straight, "resumed": resumed}),
         )
     return _script_failed(
         runner,

@@ -18,6 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from lockstep.checks.result import CheckResult, unsound
 from lockstep.checks.trajectory import by_step, read_metrics
 from lockstep.errors import RankTimeout, UsageError
 from lockstep.launch.protocol_run import run_under_protocol
@@ -57,6 +58,14 @@ class ScriptRunner:
     def take_notes(self) -> list[str]:
         notes, self.notes = self.notes, []
         return notes
+
+    def unsound(self, check: str, runs: dict[str, list[dict]]) -> CheckResult | None:
+        """`check` failed, with this runner's logs and notes, when one of `runs` logged NaN
+        or inf or does not train (`result.unsound`); else None."""
+        bad = unsound(check, runs)
+        if bad is not None:
+            bad.logs, bad.notes = self.logs, self.take_notes()
+        return bad
 
     def note(self, text: str) -> None:
         print(f"note: {text}", flush=True)

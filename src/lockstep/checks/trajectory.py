@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from lockstep import track
+from lockstep import run_health, track
 from lockstep.errors import UsageError
 
 DEFAULT_METRICS = ("loss", "grad_norm", "lr")
@@ -55,12 +55,16 @@ def by_step(records: list[dict]) -> dict[int, dict]:
     return {int(r["step"]): r for r in records}
 
 
-def _close(a, b, rtol: float, atol: float) -> bool:
-    if a is None or b is None or isinstance(a, str) or isinstance(b, str):
+def agrees(a, b, rtol: float = 0.0, atol: float = 0.0, skipped: bool = False) -> bool:
+    """Two logged values agree: numbers within the tolerance, other values (digests, text,
+    not logged) equal. NaN and inf, however written, never agree (`run_health`), except on a
+    step both runs' optimizers `skipped`: a non-finite gradient norm is expected there."""
+    x, y = run_health.number(a), run_health.number(b)
+    if x is None or y is None:
         return a == b
-    if math.isnan(a) or math.isnan(b):
-        return False
-    return abs(a - b) <= atol + rtol * abs(b)
+    if not (math.isfinite(x) and math.isfinite(y)):
+        return skipped and not math.isfinite(x) and not math.isfinite(y)
+    return abs(x - y) <= atol + rtol * abs(y)
 
 
 def first_divergence(
@@ -88,6 +92,7 @@ def first_divergence(
             if metric not in want[step]:
                 continue
             a, b = want[step][metric], got[step].get(metric)
-            if not _close(b, a, rtol, atol):
+            skipped = run_health.skipped(want[step]) and run_health.skipped(got[step])
+            if not agrees(b, a, rtol, atol, skipped and metric == "grad_norm"):
                 return Divergence(step, metric, a, b)
     return None

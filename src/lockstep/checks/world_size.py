@@ -15,7 +15,7 @@ from lockstep.checks.agreement import agree, combine
 from lockstep.checks.divergence_replay import reference_side, trainer_side
 from lockstep.checks.harness import trajectory, without_checkpoints, world_size
 from lockstep.checks.reference import run_reference
-from lockstep.checks.result import CheckResult, tolerance
+from lockstep.checks.result import CheckResult, skipped_notes, tolerance
 from lockstep.checks.script_runs import Runs, ScriptRunner, require_steps
 from lockstep.checks.trajectory import Divergence, by_step, first_divergence
 from lockstep.train.config import RunConfig
@@ -70,6 +70,10 @@ def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float)
     runs = {n: runner.run(f"world-size-{n}", nproc=n, max_steps=steps) for n in sizes}
     base = sizes[0]
     require_steps(runs[base], steps, f"world-size-{base}")
+    logged = {f"world-size-{n}": runs[n] for n in sizes}
+    bad = runner.unsound("world-size", logged)
+    if bad is not None:
+        return bad
     noise: list[dict] = []  # differences a float64 replay showed to be rounding
     for n in sizes[1:]:
         div = first_divergence(
@@ -108,7 +112,7 @@ def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float)
         True,
         f"{steps} steps agree on {', '.join(map(str, sizes))} ranks {tolerance(rtol, atol)}{said}",
         logs=runner.logs,
-        notes=runner.take_notes(),
+        notes=runner.take_notes() + skipped_notes(logged),
         forensics=noise[0] if noise else None,
     )
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from lockstep import run_health
 from lockstep.gate import policy
 from lockstep.gate.golden import Golden, window_bounds
 from lockstep.gate.run_result import Run, summary
@@ -61,12 +62,33 @@ def compare(golden: Golden, run: Run, same_machine: bool = True) -> list[Finding
                 )
             )
             continue
+        rows = [run.rows[i] for i in idx]
+        broken = run_health.first_non_finite(rows, (metric,))
+        if broken is not None:
+            findings.append(_non_finite(broken, rows))
+            continue
         values = np.array(run.series(metric), dtype=float)[idx]
         findings.append(_curve(metric, tol, golden, values))
         if not tol["exact"]:
             findings.append(_windows(metric, tol, golden, values))
+    idle = run_health.not_training(run.rows)
+    if idle is not None:
+        findings.append(Finding("curve", idle.metric, "fail", idle.text, step=idle.step))
     findings.extend(_perf(golden, summary(run), same_machine))
     return findings
+
+
+def _non_finite(broken: run_health.Problem, rows: list[dict]) -> Finding:
+    """A curve that holds NaN or inf: failed, never better or worse by a margin."""
+    count = sum(run_health.is_non_finite(r.get(broken.metric)) for r in rows)
+    return Finding(
+        "curve",
+        broken.metric,
+        "fail",
+        f"{broken.text} ({count} of {len(rows)} steps not finite)",
+        step=broken.step,
+        worse=True,
+    )
 
 
 def _curve(metric: str, tol: dict, golden: Golden, values: np.ndarray) -> Finding:
@@ -74,7 +96,8 @@ def _curve(metric: str, tol: dict, golden: Golden, values: np.ndarray) -> Findin
     band = np.maximum(tol["tol_rel"] * np.abs(center), tol["tol_abs"])
     with np.errstate(invalid="ignore"):
         err = values - center
-        bad = ~(np.abs(err) <= band)  # NaN in the run fails
+        # compared where the golden logged it; where the run did not, that fails
+        bad = np.isfinite(center) & ~(np.abs(err) <= band)
     count = int(bad.sum())
     kind = "exact" if tol["exact"] else f"band ±{_pct(tol['tol_rel'])}"
     if count <= tol["budget"]:
@@ -84,6 +107,13 @@ def _curve(metric: str, tol: dict, golden: Golden, values: np.ndarray) -> Findin
     first = int(failing[0])
     finding = _at("curve", metric, golden, values, band, first, tol["direction"])
     finding.failing = [_point(golden, metric, values, int(i)) for i in failing]
+    if not np.isfinite(values[first]):
+        finding.worse = None
+        finding.message = (
+            f"{count} of {golden.steps.size} steps outside {kind} (budget {tol['budget']}); "
+            f"first at step {finding.step}: {metric} not logged, golden {_num(finding.center)}"
+        )
+        return finding
     finding.message = (
         f"{count} of {golden.steps.size} steps outside {kind} (budget {tol['budget']}); first "
         f"at step {finding.step}: {metric}={_num(finding.value)}, golden "
@@ -96,7 +126,10 @@ def _curve(metric: str, tol: dict, golden: Golden, values: np.ndarray) -> Findin
 def _windows(metric: str, tol: dict, golden: Golden, values: np.ndarray) -> Finding:
     center = golden.centers[metric]
     for a, b in window_bounds(center.size, tol["window"]):
-        got, want = float(np.mean(values[a:b])), float(np.mean(center[a:b]))
+        both = np.isfinite(center[a:b]) & np.isfinite(values[a:b])  # logged by both
+        if not both.any():
+            continue
+        got, want = float(np.mean(values[a:b][both])), float(np.mean(center[a:b][both]))
         band = max(tol["window_tol_rel"] * abs(want), tol["tol_abs"])
         if not abs(got - want) <= band:
             rel = abs(got - want) / abs(want) if want else math.inf

@@ -16,11 +16,13 @@ import json
 import math
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from lockstep import run_health
 from lockstep.errors import UsageError
 from lockstep.gate import policy
 from lockstep.gate.run_result import PERF_STEP_FIELDS, Run, summary
@@ -61,18 +63,21 @@ def build(runs: list[Run], header: dict) -> Golden:
     if not steps:
         raise UsageError("the job logged no steps; nothing to record")
     metrics = runs[0].metrics()
+    for i, run in enumerate(runs, 1):
+        idle = run_health.not_training(run.rows)
+        if idle is not None:
+            raise UsageError(f"repeat {i}: {idle.text}; fix the job before recording it")
     centers, spreads, curves = {}, {}, {}
     for metric in metrics:
-        values = np.array([run.series(metric) for run in runs], dtype=float)
+        values = np.array([run.series(metric) for run in runs], dtype=float)  # NaN: not logged
         if metric not in PERF_STEP_FIELDS:
-            bad = ~np.isfinite(values)
-            if bad.any():
-                repeat, col = map(int, np.argwhere(bad)[0])
-                raise UsageError(
-                    f"repeat {repeat + 1}, step {steps[col]}: {metric} is "
-                    f"{float(values[repeat, col])!r}; a golden must be finite: fix the job before "
-                    "recording it"
-                )
+            for i, run in enumerate(runs, 1):
+                broken = run_health.first_non_finite(run.rows, (metric,))
+                if broken is not None:
+                    raise UsageError(
+                        f"repeat {i}, step {broken.step}: {metric} is {broken.value}; a golden "
+                        "must be finite: fix the job before recording it"
+                    )
         center = _nanmedian(values)
         spread = np.zeros(len(steps))
         if len(runs) > 1:
@@ -106,13 +111,15 @@ def _nanmedian(values: np.ndarray) -> np.ndarray:
 def _curve_tolerance(metric: str, values: np.ndarray, center: np.ndarray, repeats: int) -> dict:
     pol = policy.curve_policy(metric)
     n = values.shape[1]
-    exact = bool(repeats > 1 and (values == values[0]).all())
+    # NaN marks a step a metric was not logged at (a sparse metric): left out of each figure
+    same = (values == values[0]) | (np.isnan(values) & np.isnan(values[0]))
+    exact = bool(repeats > 1 and same.all())
     scale = np.maximum(np.abs(center), 1e-12)
-    max_rel = float(np.max(np.abs(values - center) / scale)) if repeats > 1 else 0.0
+    max_rel = _nanmax(np.abs(values - center) / scale) if repeats > 1 else 0.0
     width = policy.window_size(n)
     w_means = _window_means(values, width)
-    w_center = np.median(w_means, axis=0)
-    w_rel = float(np.max(np.abs(w_means - w_center) / np.maximum(np.abs(w_center), 1e-12)))
+    w_center = _nanmedian(w_means)
+    w_rel = _nanmax(np.abs(w_means - w_center) / np.maximum(np.abs(w_center), 1e-12))
     return {
         "direction": pol.direction,
         "exact": exact,
@@ -129,7 +136,15 @@ def _window_means(values: np.ndarray, width: int) -> np.ndarray:
     """Means over consecutive windows of `width` steps (a last, shorter window joins the one
     before), per row of `values`."""
     bounds = window_bounds(values.shape[-1], width)
-    return np.stack([values[..., a:b].mean(axis=-1) for a, b in bounds], axis=-1)
+    with warnings.catch_warnings():  # a window where the metric was never logged: NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.stack([np.nanmean(values[..., a:b], axis=-1) for a, b in bounds], axis=-1)
+
+
+def _nanmax(values: np.ndarray) -> float:
+    """The largest value that is not NaN; 0 when none is."""
+    seen = values[~np.isnan(values)]
+    return float(seen.max()) if seen.size else 0.0
 
 
 def window_bounds(n: int, width: int) -> list[tuple[int, int]]:

@@ -174,6 +174,7 @@ class CheckOutcome:
         return {
             "golden": str(self.golden.path),
             "env_key": self.golden.env_key,
+            "verdict": "fail" if self.failed else "pass",
             "passed": not self.failed,
             "findings": [f.to_dict() for f in self.findings],
             "run": {

@@ -1,0 +1,160 @@
+"""Whether a run's own metrics let it pass at all: every compared value finite, and signs
+that it trains. Two NaN curves, or two flat ones, agree as readily as two sound ones; every
+check and gate asks this first, so that no such run passes (and no value is called better
+for being NaN).
+
+- A value logged as NaN or inf, however it was written (JSON `NaN` and `Infinity`, the
+  strings `"nan"`, `"inf"`, `"Infinity"`... that `lockstep.track` writes), is a failure;
+  except a non-finite `grad_norm` on a step the optimizer skipped (`skipped: true`, fp16
+  loss scaling), which is a note. A non-finite loss always fails.
+- A metric absent at a step (or logged as null) is "not logged" there, never NaN.
+- A run does not train when its loss is bitwise identical over `FLAT_STEPS` or more
+  consecutive logged steps, when its gradient norm is zero at every logged step, or when its
+  parameter digest covered no tensor (`track.EMPTY_DIGEST`).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+from lockstep.track import EMPTY_DIGEST
+
+FLAT_STEPS = 3  # a loss bitwise identical over this many consecutive logged steps is flat
+NON_FINITE_TEXT = frozenset(
+    s + t for s in ("", "+", "-") for t in ("nan", "inf", "infinity")
+)  # compared lowercased
+NON_FINITE = "non-finite"
+FLAT_LOSS = "flat loss"
+ZERO_GRADIENTS = "zero gradients"
+EMPTY = "empty digest"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What makes a run unfit to pass: its `kind`, the first step and metric, and the words."""
+
+    kind: str
+    step: int | None
+    metric: str
+    value: str  # as logged, for the report (repr of a float)
+    text: str
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "step": self.step, "metric": self.metric, "value": self.value}
+
+
+def number(value) -> float | None:
+    """A logged value as a float: a number, or a spelling of NaN or inf (any case); None for
+    anything else (not logged, null, a digest, other text)."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and value.strip().lower() in NON_FINITE_TEXT:
+        return float(value.strip())
+    return None
+
+
+def is_non_finite(value) -> bool:
+    """NaN or inf, however written."""
+    x = number(value)
+    return x is not None and not math.isfinite(x)
+
+
+def skipped(record: dict) -> bool:
+    """The optimizer skipped this step's update (fp16 loss scaling found inf or NaN)."""
+    return record.get("skipped") is True
+
+
+def _in_order(records: list[dict]) -> list[dict]:
+    """One record per step (the last), by step: a resumed run may log a step twice."""
+    by_step = {int(r["step"]): r for r in records if "step" in r}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def first_non_finite(records: list[dict], metrics: tuple[str, ...]) -> Problem | None:
+    """The first step, and in it the first of `metrics`, logged as NaN or inf; a gradient
+    norm on a skipped step does not count (`skipped_notes`)."""
+    for record in _in_order(records):
+        for metric in metrics:
+            value = record.get(metric)
+            if not is_non_finite(value) or (metric == "grad_norm" and skipped(record)):
+                continue
+            shown = repr(number(value))
+            return Problem(NON_FINITE, int(record["step"]), metric, shown,
+                           f"{metric} is {shown} at step {record['step']} (not a finite "
+                           "number): a run that logs NaN or inf fails")  # fmt: skip
+    return None
+
+
+def skipped_notes(records: list[dict]) -> list[str]:
+    """Steps the optimizer skipped with a non-finite gradient norm: noted, not failed."""
+    steps = [int(r["step"]) for r in _in_order(records)
+             if skipped(r) and is_non_finite(r.get("grad_norm"))]  # fmt: skip
+    if not steps:
+        return []
+    shown = ", ".join(map(str, steps[:10])) + (
+        f" and {len(steps) - 10} more" if len(steps) > 10 else ""
+    )
+    return [f"step{'s' if len(steps) > 1 else ''} {shown}: grad_norm not finite on a step the "
+            "optimizer skipped (fp16 loss scaling): not a failure"]  # fmt: skip
+
+
+def _bits(x: float) -> bytes:
+    return struct.pack("<d", x)
+
+
+def flat_loss(records: list[dict]) -> Problem | None:
+    """`FLAT_STEPS` or more consecutive logged steps whose loss is bitwise identical (and
+    finite: NaN and inf are `first_non_finite`'s)."""
+    logged = [(int(r["step"]), number(r.get("loss"))) for r in _in_order(records)]
+    logged = [(s, x) for s, x in logged if x is not None and math.isfinite(x)]
+    start = 0
+    for i in range(1, len(logged) + 1):
+        if i < len(logged) and _bits(logged[i][1]) == _bits(logged[start][1]):
+            continue
+        if i - start >= FLAT_STEPS:
+            (first, x), (last, _) = logged[start], logged[i - 1]
+            return Problem(FLAT_LOSS, first, "loss", repr(x),
+                           f"loss is {x!r} at each of steps {first}..{last} ({i - start} logged "
+                           "steps, bitwise identical): the run does not train (a loss that does "
+                           "not depend on the parameters, frozen parameters, or no update)")  # fmt: skip
+        start = i
+    return None
+
+
+def zero_gradients(records: list[dict]) -> Problem | None:
+    """A gradient norm logged, and zero at every step that logged it."""
+    norms = [(int(r["step"]), number(r.get("grad_norm"))) for r in _in_order(records)]
+    norms = [(s, x) for s, x in norms if x is not None]
+    if not norms or any(x != 0 for _, x in norms):
+        return None
+    return Problem(ZERO_GRADIENTS, norms[0][0], "grad_norm", "0.0",
+                   f"grad_norm is 0 at every one of the {len(norms)} logged steps: no gradient "
+                   "reaches the parameters, so the run does not train (a loss detached from "
+                   "the model, frozen parameters, or gradients zeroed before the norm)")  # fmt: skip
+
+
+def empty_digest(records: list[dict]) -> Problem | None:
+    """The first step whose parameter digest covered no tensor."""
+    for record in _in_order(records):
+        if record.get("param_digest") == EMPTY_DIGEST:
+            return Problem(EMPTY, int(record["step"]), "param_digest", EMPTY_DIGEST,
+                           f"the parameter digest of step {record['step']} covered no tensor "
+                           f"({EMPTY_DIGEST}, the digest of nothing): the model given to "
+                           "lockstep.track.log(model=...) holds no parameter it could read, "
+                           "so replicas would agree on nothing")  # fmt: skip
+    return None
+
+
+def not_training(records: list[dict]) -> Problem | None:
+    """A flat loss, zero gradients or an empty parameter digest, the first found."""
+    return flat_loss(records) or zero_gradients(records) or empty_digest(records)
+
+
+def problem(records: list[dict], metrics: tuple[str, ...]) -> Problem | None:
+    """The first reason this run cannot pass: a non-finite value among `metrics`, else a run
+    that does not train; None for a sound run."""
+    return first_non_finite(records, metrics) or not_training(records)
