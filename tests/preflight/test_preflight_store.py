@@ -69,3 +69,19 @@ def test_without_a_key_values_travel_unsigned_and_a_keyed_reader_refuses_them(se
     assert plain.get("unsigned") == 1 and not plain.signer.authenticated
     with pytest.raises(Refused, match=r"forged value .* it is unsigned"):
         honest(served).get("unsigned")
+
+
+def test_a_host_name_that_resolves_to_loopback_here_listens_on_every_interface():
+    """Debian's `127.0.1.1 HOSTNAME`: the other nodes resolve the name to this node's address,
+    so binding loopback would shut them out; an address written out is kept."""
+    import socket
+
+    from lockstep.preflight.store import listen
+
+    name = socket.gethostname()
+    if not socket.gethostbyname(name).startswith("127."):
+        pytest.skip(f"this host's name {name} does not resolve to loopback here")
+    for host, bound in ((name, "0.0.0.0"), ("127.0.0.1", "127.0.0.1")):
+        fd, _ = listen(host, free_port())
+        with socket.socket(fileno=fd) as sock:
+            assert sock.getsockname()[0] == bound, host
