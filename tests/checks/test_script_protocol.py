@@ -11,6 +11,7 @@ its own interpreter, and the deepspeed launcher starts its own.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,14 @@ def test_resume_accepts_real_loops(tmp_path, name, summary):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert summary in results[0]["summary"], results
+    # piped, the verdict is one line however long (rich wrapped it at 80 columns), and each
+    # run's progress is on stderr only, never in stdout or the JSON report
+    assert f"PASS resume: {results[0]['summary']}" in proc.stdout.splitlines(), proc.stdout
+    for run in ("resume-straight", "resume-first-half", "resume-second-half"):
+        assert f"lockstep: {run}: step " in proc.stderr, proc.stderr
+    last = 9 if name == "overshoot" else 8  # its loop logs one step past the limit
+    assert f"lockstep: resume-straight: step {last}/8" in proc.stderr.splitlines(), proc.stderr
+    assert "/8" not in proc.stdout and f"step {last}/8" not in json.dumps(results)
     if name == "overshoot":
         assert "logged step 9 past LOCKSTEP_MAX_STEPS=8; ignored" in proc.stdout
         assert "logged step 5 past LOCKSTEP_MAX_STEPS=4; ignored" in results[0]["notes"][1]

@@ -55,25 +55,27 @@ def _headline(name: str, body: dict) -> str:
 
 
 def print_fingerprint(fp: dict, warnings: Sequence[str] = ()) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from lockstep.terminal import console as make_console
 
     table = Table(title=f"lockstep fingerprint (schema {fp['schema']})")
     for col in ("section", "digest", "summary"):
         table.add_column(col)
     for name, body in fp["sections"].items():
         table.add_row(name, fp["digests"][name][7:19], cell(_headline(name, body)))
-    console = Console(highlight=False, soft_wrap=True)
+    console = make_console()
     console.print(table)
     for warning in warnings:
         console.print(f"[yellow]warning:[/] {cell(warning)}")
 
 
 def print_diff(fields: list[dict], a: str, b: str) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False, soft_wrap=True)
+    from lockstep.terminal import console as make_console
+
+    console = make_console()
     if not fields:
         console.print(cell(f"{a} and {b} match (ignoring the default per-rank fields)"))
         return

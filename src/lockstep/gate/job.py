@@ -22,6 +22,7 @@ from lockstep.errors import EXIT_FAIL, LockstepError, RankTimeout, UsageError
 from lockstep.gate.monitor import TreeMonitor
 from lockstep.gate.run_result import Run, read_rows
 from lockstep.launch import rank_environment
+from lockstep.launch.progress import watching
 from lockstep.launch.protocol_run import LOG, METRICS, ProtocolRun, run_under_protocol
 from lockstep.launch.script import Script, dumps_folder, launch
 from lockstep.redact import scrub_text
@@ -175,9 +176,10 @@ class Job:
         log = workdir / LOG
         extra = (f"steps={self.steps}", "checkpoint.resume=never")
         argv = self._reference.argv(workdir, cwd, extra)
-        done = launch(argv, self.nproc, log, env=env,
-                      timeout=self.timeout, run_path=self.run_path, cwd=cwd,
-                      watch=watch, forensics=dumps_folder(log))  # fmt: skip
+        with watching(workdir.name, metrics, self.steps):
+            done = launch(argv, self.nproc, log, env=env,
+                          timeout=self.timeout, run_path=self.run_path, cwd=cwd,
+                          watch=watch, forensics=dumps_folder(log))  # fmt: skip
         return ProtocolRun(Protocol(metrics, self.steps, None, resume=False), done)
 
     def _read(self, run: ProtocolRun, progress) -> tuple[list[dict], list[str]]:

@@ -30,12 +30,11 @@ def shown(text: str) -> str:
 
 
 def show(title: str, findings: list[Finding], notes: list[str] = ()) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(soft_wrap=False)
-    if not console.is_terminal:  # CI logs: wide enough for a row per finding
-        console.width = max(console.width, 140)
+    from lockstep.terminal import console as make_console
+
+    console = make_console()
     table = Table(title=shown(title), show_lines=False, expand=False)
     for col in ("", "gate", "metric", "result"):
         table.add_column(col, overflow="fold")

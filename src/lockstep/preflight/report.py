@@ -58,10 +58,11 @@ def _verdict(report: dict) -> str:
 
 
 def print_console(report: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False, soft_wrap=True)
+    from lockstep.terminal import console as make_console
+
+    console = make_console()
     nodes = Table(title="lockstep preflight: nodes")
     for col in ("node", "host", "address", "ranks"):
         nodes.add_column(col)
