@@ -46,6 +46,18 @@ VARIANTS = {
     "restart-at-1": [
         ('step, position = state["step"], state["position"]', 'position = state["position"]')
     ],
+    # the step counter restored one lower than the state: it replays one step late
+    "one-step-late": [
+        (
+            'step, position = state["step"], state["position"]',
+            'step, position = state["step"] - 1, state["position"]',
+        )
+    ],
+    # no LR logged, and the RNG state not restored: the first step after the resume differs
+    "no-lr-rng-lost": [
+        ("grad_norm=grad_norm, lr=lr,", "grad_norm=grad_norm,"),
+        ('    torch.set_rng_state(state["rng"])\n', ""),
+    ],
     # an off-by-one when restoring the step counter: one step is skipped
     "skip-a-step": [
         (
@@ -134,8 +146,11 @@ def test_resume_accepts_real_loops(tmp_path, name, summary):
 @pytest.mark.parametrize(
     ("name", "summary", "cause"),
     [
-        ("restart-at-1", "started again at step 1", "no checkpoint was loaded"),
-        ("skip-a-step", "step 3 was skipped", "off-by-one"),
+        # model, optimizer and data were loaded: only the step counter was not
+        ("restart-at-1", "started again at step 1", "the checkpoint of step 2 was loaded"),
+        ("skip-a-step", "step 3 was skipped", "one step early: its step k is the straight"),
+        ("one-step-late", "diverges at step 2", "one step late: its step k is the straight"),
+        ("no-lr-rng-lost", "diverges at step 3", "the script logs no LR"),
     ],
 )
 def test_resume_still_catches_a_bad_step_counter(tmp_path, name, summary, cause):
@@ -143,6 +158,9 @@ def test_resume_still_catches_a_bad_step_counter(tmp_path, name, summary, cause)
     proc, results = check("resume", "--script", script, "--nproc", "1", "--run-path", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert summary in results[0]["summary"] and cause in results[0]["diagnosis"], results
+    # the likely cause says only what the runs' metrics show
+    assert "no checkpoint was loaded" not in results[0]["diagnosis"]
+    assert "LR matches" not in results[0]["diagnosis"]
 
 
 def test_abort_at_exit_after_a_complete_run_is_a_warning(tmp_path):
