@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from lockstep.env.lockfile import describe as describe_lock
 from lockstep.redact import scrub_text
 
 
@@ -34,12 +35,7 @@ def _headline(name: str, body: dict) -> str:
                 "no lock"
                 if lock is None
                 else f"lock {lock['path']}: "
-                + (
-                    "matches"
-                    if lock["matches"]
-                    else f"{len(lock['extra'])} extra, "
-                    f"{len(lock['missing'])} missing, {len(lock['different'])} different"
-                )
+                + ("matches" if lock["matches"] else describe_lock(lock))
             )
             return f"{body['count']} distributions, {state}"
         case "container":

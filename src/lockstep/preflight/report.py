@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from lockstep.env.summary import cell
+from lockstep.preflight.verdict import tied_groups
 from lockstep.redact import scrub_text
 from lockstep.summary_md import md_cell, step_summary
 
@@ -82,7 +83,10 @@ def print_console(report: dict) -> None:
     rows = outlier_rows(report)
     if rows:
         majority = ",".join(map(str, report["comparison"]["majority"]))
-        table = Table(title=f"outliers (majority: ranks {majority})")
+        title = f"outliers (majority: ranks {majority})"
+        if tied_groups(report["comparison"]):
+            title = f"ranks that differ (no majority; values compared with ranks {majority})"
+        table = Table(title=title)
         for col in ("rank", "host", "local rank", "GPU", "field", "value", "majority value"):
             table.add_column(col)
         for row in rows:
