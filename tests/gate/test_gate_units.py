@@ -453,3 +453,27 @@ def test_summary_leaves_out_warmup_steps():
     times = [5.0, 3.0, 0.1, 0.1, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1]
     r = Run([{"step": i + 1, "loss": 1.0, "step_time_s": t} for i, t in enumerate(times)])
     assert summary(r)["step_time_s"] == 0.1
+
+
+def test_a_speed_threshold_too_wide_to_catch_a_regression_is_not_judged(tmp_path, capsys):
+    """3 repeats on a loaded machine (0.10, 0.13, 0.16 s a step): a 3 x 23% = 69% threshold
+    would pass a 50% slowdown. Not judged (exit 4), naming the threshold and what to do."""
+    runs = [run([1.0, 0.9, 0.8], step_time=t) for t in (0.10, 0.13, 0.16)]
+    g = golden.build(runs, HEADER)
+    assert g.header["perf"]["step_time_s"]["threshold_rel"] > 0.6
+    slower = compare(g, run([1.0, 0.9, 0.8], step_time=0.195))
+    (perf,) = [f for f in slower if f.metric == "step_time_s"]
+    assert perf.status == "not_judged" and not perf.failed
+    assert "threshold 69.2%" in perf.message and "--repeats" in perf.message
+    path = golden.write(g, tmp_path / "g.json")
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in run([1.0, 0.9, 0.8], 0.195).rows))
+    report_path = tmp_path / "r.json"
+    code = main(["gate", "compare", str(path), str(metrics), "--json", str(report_path)])
+    assert code == 4, capsys.readouterr()
+    report = json.loads(report_path.read_text())
+    assert report["verdict"] == "not_judged" and report["passed"] is False
+    assert "not judged: its threshold 69.2%" in capsys.readouterr().out
+    # a quiet golden judges the same run, and fails it
+    quiet = golden.build([run([1.0, 0.9, 0.8], step_time=0.13)] * 3, HEADER)
+    assert [f for f in compare(quiet, run([1.0, 0.9, 0.8], 0.195)) if f.failed]

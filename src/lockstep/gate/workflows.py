@@ -143,6 +143,13 @@ class CheckOutcome:
     def failed(self) -> bool:
         return any(f.failed for f in self.findings)
 
+    @property
+    def verdict(self) -> str:
+        """`fail`, else `not_judged` where a finding could not decide, else `pass`."""
+        if self.failed:
+            return "fail"
+        return "not_judged" if any(f.status == "not_judged" for f in self.findings) else "pass"
+
     def notes(self, refresh: str | None = None, job: Job | None = None) -> list[str]:
         """What the report says beside the findings: how the job (`job`, when it ran here)
         and the environment differ from the golden's, and with `refresh` (the command
@@ -174,7 +181,8 @@ class CheckOutcome:
         return {
             "golden": str(self.golden.path),
             "env_key": self.golden.env_key,
-            "passed": not self.failed,
+            "verdict": self.verdict,
+            "passed": self.verdict == "pass",
             "findings": [f.to_dict() for f in self.findings],
             "run": {
                 "steps": len(self.run.rows),
