@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,9 +131,11 @@ class Job:
     def run(
         self, workdir: Path, tree: Path | None = None, cwd: Path | None = None, progress=print
     ) -> Run:
-        """One launch in `workdir` (fresh). For another version of the code, `tree` is its
+        """One launch in `workdir`, emptied first (`fresh_folder`). For another version of
+        the code, `tree` is its
         repository root (its `src/` goes first on PYTHONPATH) and `cwd` the folder that
         relative paths in the command or config refer to there."""
+        fresh_folder(workdir, progress)
         env = dict(os.environ)
         rank_environment(None, self.nproc, env)  # a share of the cores per rank
         env.setdefault("PYTHONFAULTHANDLER", "1")
@@ -203,3 +206,21 @@ class Job:
             notes.append(crash.note)
             progress(f"lockstep gate: note: {crash.note}")
         return rows, notes
+
+
+def fresh_folder(folder: Path, progress) -> None:
+    """Empty a run's folder before its launch: a checkpoint a previous run left there would be
+    resumed by a script that resumes on its own, and the gate would judge half a run. A
+    previous run's folder (it holds its `run.log`) is removed, with a line that says so; any
+    other folder with something in it is not ours to remove: bad input."""
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return
+    if not (folder / LOG).is_file():
+        raise UsageError(
+            f"{folder} holds files that are not a previous gate run's; give --workdir an "
+            "empty or new folder (the gate runs each job in a fresh one)"
+        )
+    shutil.rmtree(folder)
+    progress(
+        f"lockstep gate: removed the previous run in {folder} (its checkpoints would be resumed)"
+    )
