@@ -43,6 +43,8 @@ def test_record_writes_a_readable_exact_golden(recorded):
     assert data["env"]["key_fields"]["world_size"] == 2
     assert data["env"]["key_fields"]["torch"].startswith("2.")
     assert path.stem == data["env_key"] and data["env_key"].startswith("cpu-")
+    # only what the job uses: this CPU script uses neither DeepSpeed nor torch's CUDA build
+    assert "_ds" not in path.stem and "+" not in path.stem, path.stem
     for field in ("config_digest", "lockstep_version", "git_revision", "created", "machine"):
         assert field in data
     assert set(data["fingerprint_digests"]) >= {"torch", "packages", "gpus"}

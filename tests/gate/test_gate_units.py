@@ -92,9 +92,36 @@ def test_env_key_holds_the_fields_that_change_numerics():
         "_bf16_det"
     )
     assert gpu["machine"] == "8 x NVIDIA H100 80GB HBM3"
-    cpu = envkey.environment(fingerprint(), {"world_size": 2})
-    assert envkey.key(cpu["key_fields"]) == "cpu-avx2_torch2.13.0+cpu_ds0.19.8_script_w2"
+    cpu = envkey.environment(fingerprint(), {"world_size": 2, "deepspeed": False})
+    # only what the job uses: no DeepSpeed, and no build tag of torch on a CPU run
+    assert envkey.key(cpu["key_fields"]) == "cpu-avx2_torch2.13.0_script_w2"
     assert cpu["key_fields"]["cuda"] is None  # a CPU run's numerics do not depend on CUDA
+    assert cpu["legacy_key"] == "cpu-avx2_torch2.13.0+cpu_ds0.19.8_script_w2"
+    on_gpu_machine = envkey.environment(
+        fingerprint(gpus=["NVIDIA H100 80GB HBM3"]), {"world_size": 1, "device": "cpu"}
+    )
+    assert envkey.key(on_gpu_machine["key_fields"]).startswith("cpu-avx2_torch2.13.0_ds")
+
+
+def test_a_golden_under_its_old_key_is_still_found(tmp_path):
+    """Goldens recorded before keys held only what the job uses: found, with the rename."""
+    from lockstep.gate.job import Job
+    from lockstep.gate.workflows import Environment
+
+    plain, with_ds = tmp_path / "train.py", tmp_path / "train_ds.py"
+    plain.write_text("import torch\n")
+    with_ds.write_text("import deepspeed\n")
+    assert not Job(command=f"python {plain}").settings()["deepspeed"]
+    assert Job(command=f"python {with_ds}").settings()["deepspeed"]
+    fields = envkey.environment(fingerprint(), Job(command=f"python {plain}").settings())
+    env = Environment(envkey.key(fields["key_fields"]), fields["key_fields"], "m", {},
+                      fields["legacy_key"])  # fmt: skip
+    old = golden.golden_path(tmp_path, "demo", fields["legacy_key"])
+    old.parent.mkdir(parents=True)
+    old.write_text("{}")
+    said = []
+    assert env.existing(tmp_path, "demo", said.append) == old
+    assert said and f"git mv {old} {tmp_path / 'demo' / env.key}.json" in said[0]
 
 
 def test_nearest_key_names_the_fields_that_differ():

@@ -75,8 +75,17 @@ class Job:
     def settings(self) -> dict:
         """The job's own key fields (`envkey.environment`)."""
         if self._reference is None:
-            return {"engine": "script", "world_size": self.nproc}
+            deepspeed = "deepspeed" in " ".join([self.command, *self._sources()]).lower()
+            return {"engine": "script", "world_size": self.nproc, "deepspeed": deepspeed}
         return self._reference.settings()
+
+    def _sources(self) -> list[str]:
+        """The text of the .py files the command names (what its digest covers too)."""
+        return [
+            Path(arg).read_text(errors="replace")
+            for arg in shlex.split(self.command)
+            if arg.endswith(".py") and Path(arg).is_file()
+        ]
 
     def require_extras(self, what: str) -> None:
         """A CONFIG job's missing extras, in one line before any run (`lockstep.extras`)."""
