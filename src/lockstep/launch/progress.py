@@ -23,6 +23,8 @@ from lockstep import terminal
 
 POLL_S = 0.2
 THROTTLE_S = 2.0
+# a plain progress line, as `_Lines` prints it (a caller that wants the other lines of stderr)
+LINE = re.compile(r"^lockstep: .+: step \d+(/\d+)?$")
 _STEP = re.compile(rb'"step":\s*(\d+)')
 
 
