@@ -145,7 +145,7 @@ LAYERS = [
     "forensics | integrations",
     "alerts | run_health",
     "track",
-    "errors : redact : compat : extras : summary_md : job_options : module_digest : inputs",
+    "errors : redact : compat : extras : summary_md : job_options : module_digest : inputs : terminal",
 ]
 
 

@@ -29,9 +29,12 @@ class ReferenceJob:
 
     def settings(self) -> dict:
         """The job's own key fields of a golden's environment (`gate.envkey.environment`)."""
+        from lockstep.train.engine_table import ENGINES
+
         cfg = self.cfg
         return {
             "engine": cfg.engine.name,
+            "deepspeed": "deepspeed" in ENGINES[cfg.engine.name].requires,
             "world_size": self.nproc,
             "precision": cfg.precision,
             "deterministic": cfg.deterministic,

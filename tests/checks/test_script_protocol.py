@@ -11,11 +11,12 @@ its own interpreter, and the deepspeed launcher starts its own.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from support.script_check import EXAMPLE, check
+from support.script_check import EXAMPLE, check, error_lines
 
 LOOP = "while step < (proto.max_steps or 20):\n"
 LOG = "    track.log(step, loss=loss / world, grad_norm=grad_norm, lr=lr, model=model)\n"
@@ -44,6 +45,18 @@ VARIANTS = {
     # a resume that restores everything but the step counter: it starts again at step 1
     "restart-at-1": [
         ('step, position = state["step"], state["position"]', 'position = state["position"]')
+    ],
+    # the step counter restored one lower than the state: it replays one step late
+    "one-step-late": [
+        (
+            'step, position = state["step"], state["position"]',
+            'step, position = state["step"] - 1, state["position"]',
+        )
+    ],
+    # no LR logged, and the RNG state not restored: the first step after the resume differs
+    "no-lr-rng-lost": [
+        ("grad_norm=grad_norm, lr=lr,", "grad_norm=grad_norm,"),
+        ('    torch.set_rng_state(state["rng"])\n', ""),
     ],
     # an off-by-one when restoring the step counter: one step is skipped
     "skip-a-step": [
@@ -117,6 +130,14 @@ def test_resume_accepts_real_loops(tmp_path, name, summary):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert summary in results[0]["summary"], results
+    # piped, the verdict is one line however long (rich wrapped it at 80 columns), and each
+    # run's progress is on stderr only, never in stdout or the JSON report
+    assert f"PASS resume: {results[0]['summary']}" in proc.stdout.splitlines(), proc.stdout
+    for run in ("resume-straight", "resume-first-half", "resume-second-half"):
+        assert f"lockstep: {run}: step " in proc.stderr, proc.stderr
+    last = 9 if name == "overshoot" else 8  # its loop logs one step past the limit
+    assert f"lockstep: resume-straight: step {last}/8" in proc.stderr.splitlines(), proc.stderr
+    assert "/8" not in proc.stdout and f"step {last}/8" not in json.dumps(results)
     if name == "overshoot":
         assert "logged step 9 past LOCKSTEP_MAX_STEPS=8; ignored" in proc.stdout
         assert "logged step 5 past LOCKSTEP_MAX_STEPS=4; ignored" in results[0]["notes"][1]
@@ -125,8 +146,11 @@ def test_resume_accepts_real_loops(tmp_path, name, summary):
 @pytest.mark.parametrize(
     ("name", "summary", "cause"),
     [
-        ("restart-at-1", "started again at step 1", "no checkpoint was loaded"),
-        ("skip-a-step", "step 3 was skipped", "off-by-one"),
+        # model, optimizer and data were loaded: only the step counter was not
+        ("restart-at-1", "started again at step 1", "the checkpoint of step 2 was loaded"),
+        ("skip-a-step", "step 3 was skipped", "one step early: its step k is the straight"),
+        ("one-step-late", "diverges at step 2", "one step late: its step k is the straight"),
+        ("no-lr-rng-lost", "diverges at step 3", "the script logs no LR"),
     ],
 )
 def test_resume_still_catches_a_bad_step_counter(tmp_path, name, summary, cause):
@@ -134,6 +158,9 @@ def test_resume_still_catches_a_bad_step_counter(tmp_path, name, summary, cause)
     proc, results = check("resume", "--script", script, "--nproc", "1", "--run-path", cwd=tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert summary in results[0]["summary"] and cause in results[0]["diagnosis"], results
+    # the likely cause says only what the runs' metrics show
+    assert "no checkpoint was loaded" not in results[0]["diagnosis"]
+    assert "LR matches" not in results[0]["diagnosis"]
 
 
 def test_abort_at_exit_after_a_complete_run_is_a_warning(tmp_path):
@@ -153,7 +180,8 @@ def test_abort_mid_run_stays_an_error(tmp_path):
     script = variant(tmp_path, "abort-mid-run")
     proc, _ = check("determinism", "--script", script, "--nproc", "1", cwd=tmp_path, rerun=False)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in proc.stderr and len(error_lines(proc.stderr)) == 1
+    assert "lockstep: determinism-1: step 2/4" in proc.stderr  # how far it went, as it went
     assert "SIGABRT" in proc.stderr and "while the script was running" in proc.stderr
     assert "logged steps 1..2 of 1..4" in proc.stderr
 

@@ -43,6 +43,8 @@ def test_record_writes_a_readable_exact_golden(recorded):
     assert data["env"]["key_fields"]["world_size"] == 2
     assert data["env"]["key_fields"]["torch"].startswith("2.")
     assert path.stem == data["env_key"] and data["env_key"].startswith("cpu-")
+    # only what the job uses: this CPU script uses neither DeepSpeed nor torch's CUDA build
+    assert "_ds" not in path.stem and "+" not in path.stem, path.stem
     for field in ("config_digest", "lockstep_version", "git_revision", "created", "machine"):
         assert field in data
     assert set(data["fingerprint_digests"]) >= {"torch", "packages", "gpus"}
@@ -252,3 +254,35 @@ def test_a_golden_recorded_with_run_path_says_so_to_a_check_without(tmp_path, ca
     gate("check", "how", *job)  # the RSS gate may fail on it: the note says why
     out = capsys.readouterr().out
     assert "the golden was recorded with --run-path, this run is without --run-path" in out
+
+
+def test_a_reused_workdir_never_resumes_a_previous_run(tmp_path, capsys):
+    """A script that resumes whenever its checkpoint folder holds one (no LOCKSTEP_RESUME
+    needed), checked twice with one --workdir: the second check starts from step 1 again
+    (its folder was emptied, with a line saying so), and a folder holding someone else's
+    files is refused, not emptied."""
+    source = Path(__file__).parents[2].joinpath("examples", "train_protocol.py").read_text()
+    auto = "if proto.resume and ckpt and ckpt.exists():"
+    assert source.count(auto) == 1
+    script = tmp_path / "train_auto_resume.py"
+    script.write_text(source.replace(auto, "if ckpt and ckpt.exists():"))
+    job = ["--script", str(script), "--run-path", "--nproc", 1, "--steps", 4]
+    gates, work = tmp_path / "gates", tmp_path / "work"
+    assert gate("record", "auto", *job, "--repeats", 1, "--dir", gates) == 0
+    for attempt in (1, 2):
+        report = tmp_path / f"check-{attempt}.json"
+        code = gate("check", "auto", *job, "--dir", gates, "--workdir", work, "--json", report)
+        err = capsys.readouterr().err
+        assert code in (0, 1, 4), err  # speed figures of a 4-step run may be noisy
+        findings = json.loads(report.read_text())["findings"]
+        curves = [f for f in findings if f["gate"] in ("curve", "window")]
+        assert curves and not [f for f in curves if f["status"] != "pass"], findings
+    assert f"removed the previous run in {work / 'check'}" in err
+    theirs = tmp_path / "theirs"
+    (theirs / "check").mkdir(parents=True)
+    (theirs / "check" / "notes.txt").write_text("mine")
+    assert gate("check", "auto", *job, "--dir", gates, "--workdir", theirs) == 2
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("lockstep: error:")]
+    assert "holds files that are not a previous gate run's" in line, err
+    assert (theirs / "check" / "notes.txt").read_text() == "mine"

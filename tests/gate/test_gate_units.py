@@ -92,9 +92,36 @@ def test_env_key_holds_the_fields_that_change_numerics():
         "_bf16_det"
     )
     assert gpu["machine"] == "8 x NVIDIA H100 80GB HBM3"
-    cpu = envkey.environment(fingerprint(), {"world_size": 2})
-    assert envkey.key(cpu["key_fields"]) == "cpu-avx2_torch2.13.0+cpu_ds0.19.8_script_w2"
+    cpu = envkey.environment(fingerprint(), {"world_size": 2, "deepspeed": False})
+    # only what the job uses: no DeepSpeed, and no build tag of torch on a CPU run
+    assert envkey.key(cpu["key_fields"]) == "cpu-avx2_torch2.13.0_script_w2"
     assert cpu["key_fields"]["cuda"] is None  # a CPU run's numerics do not depend on CUDA
+    assert cpu["legacy_key"] == "cpu-avx2_torch2.13.0+cpu_ds0.19.8_script_w2"
+    on_gpu_machine = envkey.environment(
+        fingerprint(gpus=["NVIDIA H100 80GB HBM3"]), {"world_size": 1, "device": "cpu"}
+    )
+    assert envkey.key(on_gpu_machine["key_fields"]).startswith("cpu-avx2_torch2.13.0_ds")
+
+
+def test_a_golden_under_its_old_key_is_still_found(tmp_path):
+    """Goldens recorded before keys held only what the job uses: found, with the rename."""
+    from lockstep.gate.job import Job
+    from lockstep.gate.workflows import Environment
+
+    plain, with_ds = tmp_path / "train.py", tmp_path / "train_ds.py"
+    plain.write_text("import torch\n")
+    with_ds.write_text("import deepspeed\n")
+    assert not Job(command=f"python {plain}").settings()["deepspeed"]
+    assert Job(command=f"python {with_ds}").settings()["deepspeed"]
+    fields = envkey.environment(fingerprint(), Job(command=f"python {plain}").settings())
+    env = Environment(envkey.key(fields["key_fields"]), fields["key_fields"], "m", {},
+                      fields["legacy_key"])  # fmt: skip
+    old = golden.golden_path(tmp_path, "demo", fields["legacy_key"])
+    old.parent.mkdir(parents=True)
+    old.write_text("{}")
+    said = []
+    assert env.existing(tmp_path, "demo", said.append) == old
+    assert said and f"git mv {old} {tmp_path / 'demo' / env.key}.json" in said[0]
 
 
 def test_nearest_key_names_the_fields_that_differ():
@@ -102,7 +129,7 @@ def test_nearest_key_names_the_fields_that_differ():
     b = envkey.environment(fingerprint(torch="2.14.0"), {"world_size": 2})["key_fields"]
     c = envkey.environment(fingerprint(torch="2.14.0", capability="AVX512"), {"world_size": 4})
     near = envkey.nearest(a, {"b": b, "c": c["key_fields"]})
-    assert near == ("b", ["torch 2.14.0 → 2.13.0+cpu"])
+    assert near == ("b", ["torch 2.14.0 → 2.13.0"])  # a CPU run: no build tag
 
 
 # --------------------------------------------------------------------------- goldens
@@ -454,3 +481,27 @@ def test_summary_leaves_out_warmup_steps():
     times = [5.0, 3.0, 0.1, 0.1, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1]
     r = Run([{"step": i + 1, "loss": 1.0, "step_time_s": t} for i, t in enumerate(times)])
     assert summary(r)["step_time_s"] == 0.1
+
+
+def test_a_speed_threshold_too_wide_to_catch_a_regression_is_not_judged(tmp_path, capsys):
+    """3 repeats on a loaded machine (0.10, 0.13, 0.16 s a step): a 3 x 23% = 69% threshold
+    would pass a 50% slowdown. Not judged (exit 4), naming the threshold and what to do."""
+    runs = [run([1.0, 0.9, 0.8], step_time=t) for t in (0.10, 0.13, 0.16)]
+    g = golden.build(runs, HEADER)
+    assert g.header["perf"]["step_time_s"]["threshold_rel"] > 0.6
+    slower = compare(g, run([1.0, 0.9, 0.8], step_time=0.195))
+    (perf,) = [f for f in slower if f.metric == "step_time_s"]
+    assert perf.status == "not_judged" and not perf.failed
+    assert "threshold 69.2%" in perf.message and "--repeats" in perf.message
+    path = golden.write(g, tmp_path / "g.json")
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in run([1.0, 0.9, 0.8], 0.195).rows))
+    report_path = tmp_path / "r.json"
+    code = main(["gate", "compare", str(path), str(metrics), "--json", str(report_path)])
+    assert code == 4, capsys.readouterr()
+    report = json.loads(report_path.read_text())
+    assert report["verdict"] == "not_judged" and report["passed"] is False
+    assert "not judged: its threshold 69.2%" in capsys.readouterr().out
+    # a quiet golden judges the same run, and fails it
+    quiet = golden.build([run([1.0, 0.9, 0.8], step_time=0.13)] * 3, HEADER)
+    assert [f for f in compare(quiet, run([1.0, 0.9, 0.8], 0.195)) if f.failed]

@@ -127,6 +127,16 @@ def test_rank_1_mismatch_exits_1_and_is_named(tmp_path):
 
     assert "slowest rank" in report["bandwidth"]["below_min"]
     assert any("below --min-busbw" in p for p in report["problems"])
+    # two ranks that differ: no majority says which is odd, so neither is called the outlier
+    host = report["nodes"][0]["host"]
+    tie = [p for p in report["problems"] if p.startswith(f"rank 0 on {host} and rank 1 on ")]
+    assert tie and "differ in packages." in tie[0] and "no majority" in tie[0], report["problems"]
+    assert not any("from the majority" in p for p in report["problems"]), report["problems"]
+    assert "no majority: 2 groups of 1 rank differ" in report["compared"]
+    # the lock's difference names the packages (rank 1: the probe package extra, torch off)
+    (lock_line,) = [p for p in report["problems"] if "do not match" in p and "b.txt" in p]
+    assert "1 extra (lockstep-probe-pkg 9.9)" in lock_line, lock_line
+    assert f"1 different (torch {installed['torch']} installed, 1.0 locked)" in lock_line
 
 
 def test_missing_ranks_exit_3_within_the_timeout(tmp_path):

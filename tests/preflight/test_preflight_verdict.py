@@ -104,6 +104,39 @@ def test_compared_line_without_a_lock_and_with_a_differing_one():
     assert not required["ok"] and any("do not match" in p for p in required["problems"])
 
 
+def test_a_lock_difference_names_the_first_ten_packages_of_each_kind():
+    ids = [identity(0), identity(1)]
+    extra = {f"pkg{i:02d}": "1.0" for i in range(19)}
+    off = {**LOCK, "matches": False, "extra": extra, "missing": {"numpy": "2.4.6"},
+           "different": {"torch": {"installed": "2.13.0", "locked": "2.12.0"}}}  # fmt: skip
+    report = verdict(ids, [measured(), measured()], fingerprints={0: fingerprint(off)})
+    (line,) = [w for w in report["warnings"] if "do not match" in w]
+    assert line == (
+        "installed packages do not match requirements/cpu.txt on rank 0-1: 19 extra ("
+        + ", ".join(f"pkg{i:02d} 1.0" for i in range(10))
+        + " and 9 more), 1 missing (numpy==2.4.6), 1 different (torch 2.13.0 installed, "
+        "2.12.0 locked)"
+    )
+
+
+def test_a_tie_names_both_sides_and_no_majority():
+    ids = [identity(0), identity(1, host="node1")]
+    report = verdict(ids, [measured()] * 2, groups=[[0], [1]], fields=["env.NCCL_ALGO"])
+    assert report["problems"] == [
+        "rank 0 on node0 and rank 1 on node1 differ in env.NCCL_ALGO (no majority says which "
+        "is odd: compare them with a known-good node)"
+    ]
+    assert report["failed_hosts"] == ["node0", "node1"]
+    assert (
+        "2 ranks compared in 57 fields, no majority: 2 groups of 1 rank differ"
+        in (report["compared"])
+    )
+    four = [identity(r, host=f"node{r // 2}") for r in range(4)] + [identity(4, host="node2")]
+    split = verdict(four, [measured()] * 5, groups=[[0, 1], [2, 3], [4]], fields=["x"])
+    assert split["problems"][0].startswith("rank 0-1 on node0 and rank 2-3 on node1 differ in x")
+    assert split["problems"][1] == "rank 4 on node2 differs from rank 0-1 in x"
+
+
 def test_outlier_rank_is_named_with_its_host_and_field():
     ids = [identity(0), identity(1), identity(2, host="node1")]
     report = verdict(

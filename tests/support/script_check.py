@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from lockstep.launch.progress import LINE
 from support.inprocess import run_main
 from support.teardown_abort import rerun_once_on_abort
 
@@ -31,3 +32,8 @@ def check(
     proc = rerun_once_on_abort(launch, logs) if rerun else launch()
     results = json.loads(out_json.read_text()) if out_json.exists() else []
     return proc, results
+
+
+def error_lines(stderr: str) -> list[str]:
+    """stderr without the runs' progress lines (`lockstep.launch.progress.LINE`)."""
+    return [line for line in stderr.strip().splitlines() if not LINE.match(line)]

@@ -33,12 +33,12 @@ def check(request: plans.Request, json_path: Path | None = None) -> int:
 
 def show(result) -> None:
     """One result, as it comes: PASS, FAIL or NOT JUDGED, its summary, a likely cause, forensics."""
-    from rich.console import Console
     from rich.markup import escape
 
     from lockstep.redact import scrub_text
+    from lockstep.terminal import console as make_console
 
-    console = Console(stderr=False, highlight=False)
+    console = make_console()
     mark = {"pass": "[green]PASS[/green]", "fail": "[red]FAIL[/red]"}.get(
         result.verdict, "[yellow]NOT JUDGED[/yellow]"
     )

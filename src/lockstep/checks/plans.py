@@ -106,12 +106,15 @@ class Launches:
     def ranks(self, calls: list[registry.Function], n: int | None = None, config=None,
               **options) -> list[CheckResult]:  # fmt: skip
         from lockstep.checks.harness_ranks import rank_calls, run_ranks
+        from lockstep.launch.progress import watching
 
         config = self.config if config is None else config
         args = (calls, config, str(self.workdir), options)
-        found = run_ranks(rank_calls, args, n or self.nproc, self.cfg, timeout=self.timeout,
-                          forensics=self.workdir / "flight-recorder",
-                          preload=[call.path for call in calls])  # fmt: skip
+        names = ", ".join(dict.fromkeys(call.module for call in calls))
+        with watching(f"{names} on {n or self.nproc} ranks", self.workdir, self.cfg.steps):
+            found = run_ranks(rank_calls, args, n or self.nproc, self.cfg, timeout=self.timeout,
+                              forensics=self.workdir / "flight-recorder",
+                              preload=[call.path for call in calls])  # fmt: skip
         for result in found:
             self.show(result)
         return found

@@ -213,6 +213,10 @@ def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float)
     wrong = _wrong_start(logged, half, stopped, total)
     if wrong is not None:
         summary, diagnosis, div = wrong
+        if logged and logged[0] == 1:
+            diagnosis = restart_cause(straight, resumed, stopped, rtol, atol)
+        elif logged:
+            diagnosis = _shift_cause(straight, resumed, rtol, atol) or diagnosis
         return _script_failed(runner, summary, diagnosis, div)
     first = logged[0]
     where = f"a resume at step {first - 1}"
@@ -232,7 +236,7 @@ def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float)
     return _script_failed(
         runner,
         f"the resumed run diverges at {div.describe('straight', 'resumed')}",
-        diagnose_resume(div, straight, resumed),
+        _shift_cause(straight, resumed, rtol, atol) or diagnose_resume(div, straight, resumed),
         div,
     )
 
@@ -284,11 +288,19 @@ def _wrong_start(
 
 
 def diagnose_resume(div: Divergence, straight: list[dict], resumed: list[dict]) -> str:
-    """Name the state that a resume most likely lost, from what the metrics show."""
+    """Name the state that a resume most likely lost, from what the metrics show: the LR
+    only where the script logs one."""
     compared = range(div.step, max(by_step(straight)) + 1)
-    if first_divergence(straight, resumed, metrics=("lr",), steps=compared) is not None:
+    logs_lr = any("lr" in record for record in straight)
+    if logs_lr and first_divergence(straight, resumed, metrics=("lr",), steps=compared):
         return "the LR schedule was not restored"
     if div.step == min(by_step(resumed)):
+        if not logs_lr:
+            return (
+                "the first step after the resume already differs (the script logs no LR to "
+                "tell the schedule apart): parameters, optimizer state, LR schedule, RNG "
+                "state or data position were not restored"
+            )
         return (
             "the first step after the resume already differs while the LR matches: "
             "parameters, optimizer state, RNG state or data position were not restored"
@@ -297,3 +309,61 @@ def diagnose_resume(div: Divergence, straight: list[dict], resumed: list[dict]) 
         f"the runs agree after the resume and drift from step {div.step}: optimizer or "
         "RNG state was not fully restored"
     )
+
+
+def restart_cause(
+    straight: list[dict], resumed: list[dict], stopped: int, rtol: float, atol: float
+) -> str:
+    """Why a resumed run started again at step 1, from its first steps' metrics: they are
+    the straight run's steps 1.. (nothing was loaded), or its steps k+1.. (the state of step
+    k was loaded, the step counter was not), or neither (some state was loaded)."""
+    for k in range(stopped + 1):
+        if _matches_shifted(straight, resumed, k, rtol, atol):
+            if k == 0:
+                return (
+                    "no checkpoint was loaded: its step 1 is the straight run's step 1 "
+                    "(is LOCKSTEP_RESUME=1 honoured?)"
+                )
+            return (
+                f"the checkpoint of step {k} was loaded (its step 1 is the straight run's "
+                f"step {k + 1}) but the step counter was not: it must come from the checkpoint"
+            )
+    return (
+        "the step counter was not restored (it starts again at 1), and the steps after it "
+        "match neither a fresh start nor the straight run from the checkpoint: some state "
+        "(model or optimizer) was loaded, some not"
+    )
+
+
+def _shift_cause(straight: list[dict], resumed: list[dict], rtol: float, atol: float) -> str:
+    """A resume that replays the straight run one step out of place, named as such, or ""."""
+    first = min(by_step(resumed))
+    if _matches_shifted(straight, resumed, first, rtol, atol, shift=1):
+        return (
+            f"the resumed run is one step late: its step k is the straight run's step k+1 "
+            f"(its step {first} is straight step {first + 1}): the step counter was restored "
+            "one lower than the state it goes with (saved before its increment?)"
+        )
+    if _matches_shifted(straight, resumed, first, rtol, atol, shift=-1):
+        return (
+            f"the resumed run is one step early: its step k is the straight run's step k-1 "
+            f"(its step {first} is straight step {first - 1}): the step counter was restored "
+            "one higher than the state it goes with (an off-by-one when saving or loading)"
+        )
+    return ""
+
+
+def _matches_shifted(straight: list[dict], resumed: list[dict], first: int, rtol: float,
+                     atol: float, shift: int | None = None) -> bool:  # fmt: skip
+    """Whether resumed step s matches straight step s + `shift` for every step both have,
+    from resumed step `first` (`shift` None: resumed step s is straight step s + `first`,
+    for a run that restarted at 1 from the state of step `first`)."""
+    offset = first if shift is None else shift
+    start = 1 if shift is None else first
+    moved = [dict(r, step=int(r["step"]) - offset) for r in straight]
+    steps = sorted(set(by_step(moved)) & set(by_step(resumed)))
+    steps = [s for s in steps if s >= start]
+    if not steps:
+        return False
+    span = range(steps[0], steps[-1] + 1)
+    return first_divergence(moved, resumed, steps=span, rtol=rtol, atol=atol) is None

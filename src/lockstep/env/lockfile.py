@@ -16,6 +16,7 @@ from lockstep.errors import UsageError
 from lockstep.inputs import read_text
 
 LOCK_CANDIDATES = ("requirements/cpu.txt", "requirements/cuda.txt")
+NAMED = 10  # packages named per kind (extra, missing, different) in a one-line difference
 NOT_LOCKED = {"lockstep"}
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;\\]+)\s*(?:;(.*))?$")
 
@@ -97,3 +98,25 @@ def _same_version(a: str, b: str) -> bool:
         return Version(a) == Version(b)
     except InvalidVersion:
         return a == b
+
+
+def describe(lock: dict) -> str:
+    """`2 extra (rich 14.1.0, tqdm 4.67.1), 1 missing (numpy==2.4.6), 1 different (torch
+    2.13.0 installed, 2.12.0 locked)`: each kind's count and its first NAMED packages."""
+    kinds = (
+        ("extra", lambda name, v: f"{name} {v}"),
+        ("missing", lambda name, v: f"{name}=={v}"),
+        (
+            "different",
+            lambda name, v: f"{name} {v.get('installed')} installed, {v.get('locked')} locked",
+        ),
+    )
+    parts = []
+    for kind, show in kinds:
+        found = lock[kind]
+        if not found:
+            continue
+        named = [show(name, found[name]) for name in list(found)[:NAMED]]
+        more = f" and {len(found) - NAMED} more" if len(found) > NAMED else ""
+        parts.append(f"{len(found)} {kind} ({', '.join(named)}{more})")
+    return ", ".join(parts) or "no difference"

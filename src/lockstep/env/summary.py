@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from lockstep.env.lockfile import describe as describe_lock
 from lockstep.redact import scrub_text
 
 
@@ -34,12 +35,7 @@ def _headline(name: str, body: dict) -> str:
                 "no lock"
                 if lock is None
                 else f"lock {lock['path']}: "
-                + (
-                    "matches"
-                    if lock["matches"]
-                    else f"{len(lock['extra'])} extra, "
-                    f"{len(lock['missing'])} missing, {len(lock['different'])} different"
-                )
+                + ("matches" if lock["matches"] else describe_lock(lock))
             )
             return f"{body['count']} distributions, {state}"
         case "container":
@@ -55,25 +51,27 @@ def _headline(name: str, body: dict) -> str:
 
 
 def print_fingerprint(fp: dict, warnings: Sequence[str] = ()) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from lockstep.terminal import console as make_console
 
     table = Table(title=f"lockstep fingerprint (schema {fp['schema']})")
     for col in ("section", "digest", "summary"):
         table.add_column(col)
     for name, body in fp["sections"].items():
         table.add_row(name, fp["digests"][name][7:19], cell(_headline(name, body)))
-    console = Console(highlight=False, soft_wrap=True)
+    console = make_console()
     console.print(table)
     for warning in warnings:
         console.print(f"[yellow]warning:[/] {cell(warning)}")
 
 
 def print_diff(fields: list[dict], a: str, b: str) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False, soft_wrap=True)
+    from lockstep.terminal import console as make_console
+
+    console = make_console()
     if not fields:
         console.print(cell(f"{a} and {b} match (ignoring the default per-rank fields)"))
         return

@@ -2,7 +2,7 @@
 `gate.commands`.
 
 Exit codes: 0 pass, 1 regression (or an alert fired), 2 bad input or no golden for this
-environment, 3 timeout.
+environment, 3 timeout, 4 not judged (a speed or memory threshold too wide to judge).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """What each `lockstep gate` subcommand does with its parsed options (`gate/cli.py` parses):
 run the job (`workflows`, `ab`), print what it found, write the reports. Exit codes: 0 pass,
-1 regression (or an alert fired); bad input and a missing golden raise (exit 2)."""
+1 regression (or an alert fired), 4 not judged (a speed threshold too wide to catch a
+regression); bad input and a missing golden raise (exit 2)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lockstep.errors import EXIT_FAIL, EXIT_OK
+from lockstep.errors import EXIT_FAIL, EXIT_NOT_JUDGED, EXIT_OK
+from lockstep.gate.policy import PERF_JUDGED_REL
 from lockstep.inputs import writable
 from lockstep.job_options import JobOptions
 from lockstep.redact import escape_controls
@@ -103,6 +105,11 @@ def _print_recorded(g) -> None:
     for name, rec in g.header["perf"].items():
         limit = rec["threshold_rel"] if rec["threshold_rel"] is not None else rec["threshold_abs"]
         gated = "" if rec["gated"] else " (not gated: step timing is logged)"
+        if rec["gated"] and (rec["threshold_rel"] or 0) > PERF_JUDGED_REL:
+            gated = (
+                f" (wider than {PERF_JUDGED_REL:.0%}: checks will not judge it; record with "
+                "more --repeats on a quieter machine)"
+            )
         print(
             f"  {name}: {rec['center']:.6g}, spread {rec['spread_rel']:.1%}, limit {limit:.3g}{gated}"
         )
@@ -194,7 +201,7 @@ def _finish(reports: Reports, result, title: str, suite: str, notes: list[str]) 
         print(f"lockstep gate: {len(images)} plots in {reports.plot}")
     payload = result.to_dict(notes, images)
     _write_reports(reports, title, suite, result.findings, notes, images, payload)
-    return EXIT_FAIL if result.failed else EXIT_OK
+    return {"fail": EXIT_FAIL, "not_judged": EXIT_NOT_JUDGED}.get(result.verdict, EXIT_OK)
 
 
 def _write_reports(reports: Reports, title, suite, findings, notes, images, payload) -> None:

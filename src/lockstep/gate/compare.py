@@ -25,7 +25,7 @@ class Finding:
 
     gate: str  # "curve", "window" or "perf"
     metric: str
-    status: str  # "pass", "fail" or "skip"
+    status: str  # "pass", "fail", "skip" or "not_judged" (exit 4: it says why)
     message: str
     step: int | None = None
     value: float | None = None
@@ -177,8 +177,27 @@ def _perf(golden: Golden, figures: dict, same_machine: bool) -> list[Finding]:
                 )
             )
             continue
-        out.append(_perf_one(name, rec, float(figures[name])))
+        finding = _perf_one(name, rec, float(figures[name]))
+        out.append(finding if finding.failed else _too_wide(finding, rec) or finding)
     return out
+
+
+def _too_wide(finding: Finding, rec: dict) -> Finding | None:
+    """A relative threshold wider than `policy.PERF_JUDGED_REL` cannot catch the slowdowns a
+    gate is for: the figure is not judged (a failure past it still fails)."""
+    limit = rec.get("threshold_rel")
+    if limit is None or limit <= policy.PERF_JUDGED_REL:
+        return None
+    repeats = len(rec.get("values") or ())
+    finding.status = "not_judged"
+    finding.message = (
+        f"not judged: its threshold {_pct(limit)} (from a spread of "
+        f"{_pct(rec.get('spread_rel'))} over {repeats} repeats) is wider than "
+        f"{_pct(policy.PERF_JUDGED_REL)}, so a smaller regression would pass; record the "
+        "golden again with more repeats on a quieter machine (lockstep gate refresh "
+        f"--repeats 10); this run: {finding.message}"
+    )
+    return finding
 
 
 def _perf_one(name: str, rec: dict, value: float) -> Finding:

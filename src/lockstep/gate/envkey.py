@@ -9,6 +9,11 @@ device kind there is `cpu-<capability>`.
 
 The machine (CPU model and cores, or GPU model and count) is kept beside the key, not in it:
 numerics do not depend on it, speed does, so stored speed gates apply only on the same machine.
+
+The key holds only what the job uses: DeepSpeed's version only for a job that uses it (a ZeRO
+engine, or a script whose command or source names `deepspeed`), and on a CPU run torch's
+version without its build tag (`2.13.0`, not `2.13.0+cu130`: a CPU run uses no CUDA). Goldens
+recorded before this (`legacy_key`) are still found, with a note naming the file to rename.
 """
 
 from __future__ import annotations
@@ -44,19 +49,27 @@ def environment(fingerprint: dict, job: dict) -> dict:
         device = f"cpu-{sections['determinism'].get('cpu_capability') or 'unknown'}"
         machine = f"{system.get('cpu_model') or 'unknown cpu'}, {system.get('usable_cores')} cores"
     installed = sections["packages"].get("installed", {})
+    on_gpu = bool(devices) and job.get("device", "cuda") != "cpu"
     fields = {
         "device": device,
-        "torch": torch_section["version"],
-        "cuda": torch_section.get("cuda") if devices else None,
-        "cudnn": torch_section.get("cudnn") if devices else None,
-        "nccl": torch_section.get("nccl") if devices else None,
-        "deepspeed": installed.get("deepspeed"),
+        "torch": torch_section["version"] if on_gpu else torch_section["version"].split("+")[0],
+        "cuda": torch_section.get("cuda") if on_gpu else None,
+        "cudnn": torch_section.get("cudnn") if on_gpu else None,
+        "nccl": torch_section.get("nccl") if on_gpu else None,
+        "deepspeed": installed.get("deepspeed") if job.get("deepspeed", True) else None,
         "engine": job.get("engine", "script"),
         "world_size": job["world_size"],
         "precision": job.get("precision"),
         "deterministic": job.get("deterministic"),
     }
-    return {"key_fields": fields, "machine": machine}
+    legacy = fields | {  # the key as lockstep wrote it before keys held only what a job uses
+        "torch": torch_section["version"],
+        "deepspeed": installed.get("deepspeed"),
+        **{
+            name: torch_section.get(name) if devices else None for name in ("cuda", "cudnn", "nccl")
+        },
+    }
+    return {"key_fields": fields, "machine": machine, "legacy_key": key(legacy)}
 
 
 def key(fields: dict) -> str:

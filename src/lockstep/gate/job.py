@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from lockstep.errors import EXIT_FAIL, LockstepError, RankTimeout, UsageError
 from lockstep.gate.monitor import TreeMonitor
 from lockstep.gate.run_result import Run, read_rows
 from lockstep.launch import rank_environment
+from lockstep.launch.progress import watching
 from lockstep.launch.protocol_run import LOG, METRICS, ProtocolRun, run_under_protocol
 from lockstep.launch.script import Script, dumps_folder, launch
 from lockstep.redact import scrub_text
@@ -73,8 +75,17 @@ class Job:
     def settings(self) -> dict:
         """The job's own key fields (`envkey.environment`)."""
         if self._reference is None:
-            return {"engine": "script", "world_size": self.nproc}
+            deepspeed = "deepspeed" in " ".join([self.command, *self._sources()]).lower()
+            return {"engine": "script", "world_size": self.nproc, "deepspeed": deepspeed}
         return self._reference.settings()
+
+    def _sources(self) -> list[str]:
+        """The text of the .py files the command names (what its digest covers too)."""
+        return [
+            Path(arg).read_text(errors="replace")
+            for arg in shlex.split(self.command)
+            if arg.endswith(".py") and Path(arg).is_file()
+        ]
 
     def require_extras(self, what: str) -> None:
         """A CONFIG job's missing extras, in one line before any run (`lockstep.extras`)."""
@@ -129,9 +140,11 @@ class Job:
     def run(
         self, workdir: Path, tree: Path | None = None, cwd: Path | None = None, progress=print
     ) -> Run:
-        """One launch in `workdir` (fresh). For another version of the code, `tree` is its
+        """One launch in `workdir`, emptied first (`fresh_folder`). For another version of
+        the code, `tree` is its
         repository root (its `src/` goes first on PYTHONPATH) and `cwd` the folder that
         relative paths in the command or config refer to there."""
+        fresh_folder(workdir, progress)
         env = dict(os.environ)
         rank_environment(None, self.nproc, env)  # a share of the cores per rank
         env.setdefault("PYTHONFAULTHANDLER", "1")
@@ -175,9 +188,10 @@ class Job:
         log = workdir / LOG
         extra = (f"steps={self.steps}", "checkpoint.resume=never")
         argv = self._reference.argv(workdir, cwd, extra)
-        done = launch(argv, self.nproc, log, env=env,
-                      timeout=self.timeout, run_path=self.run_path, cwd=cwd,
-                      watch=watch, forensics=dumps_folder(log))  # fmt: skip
+        with watching(workdir.name, metrics, self.steps):
+            done = launch(argv, self.nproc, log, env=env,
+                          timeout=self.timeout, run_path=self.run_path, cwd=cwd,
+                          watch=watch, forensics=dumps_folder(log))  # fmt: skip
         return ProtocolRun(Protocol(metrics, self.steps, None, resume=False), done)
 
     def _read(self, run: ProtocolRun, progress) -> tuple[list[dict], list[str]]:
@@ -201,3 +215,21 @@ class Job:
             notes.append(crash.note)
             progress(f"lockstep gate: note: {crash.note}")
         return rows, notes
+
+
+def fresh_folder(folder: Path, progress) -> None:
+    """Empty a run's folder before its launch: a checkpoint a previous run left there would be
+    resumed by a script that resumes on its own, and the gate would judge half a run. A
+    previous run's folder (it holds its `run.log`) is removed, with a line that says so; any
+    other folder with something in it is not ours to remove: bad input."""
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return
+    if not (folder / LOG).is_file():
+        raise UsageError(
+            f"{folder} holds files that are not a previous gate run's; give --workdir an "
+            "empty or new folder (the gate runs each job in a fresh one)"
+        )
+    shutil.rmtree(folder)
+    progress(
+        f"lockstep gate: removed the previous run in {folder} (its checkpoints would be resumed)"
+    )

@@ -30,16 +30,15 @@ def shown(text: str) -> str:
 
 
 def show(title: str, findings: list[Finding], notes: list[str] = ()) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(soft_wrap=False)
-    if not console.is_terminal:  # CI logs: wide enough for a row per finding
-        console.width = max(console.width, 140)
+    from lockstep.terminal import console as make_console
+
+    console = make_console()
     table = Table(title=shown(title), show_lines=False, expand=False)
     for col in ("", "gate", "metric", "result"):
         table.add_column(col, overflow="fold")
-    style = {"pass": "green", "fail": "bold red", "skip": "yellow"}
+    style = {"pass": "green", "fail": "bold red", "skip": "yellow", "not_judged": "yellow"}
     for status, gate, metric, message in rows(findings):
         table.add_row(f"[{style[status]}]{status}[/]", gate, shown(metric), shown(message))
     console.print(table)
@@ -70,7 +69,7 @@ def to_junit(path: Path, suite: str, findings: list[Finding]) -> None:
         name=suite,
         tests=str(len(findings)),
         failures=str(sum(f.failed for f in findings)),
-        skipped=str(sum(f.status == "skip" for f in findings)),
+        skipped=str(sum(f.status in ("skip", "not_judged") for f in findings)),
         errors="0",
     )
     for f in findings:
@@ -82,7 +81,7 @@ def to_junit(path: Path, suite: str, findings: list[Finding]) -> None:
                 f"abs_err {p['abs_err']!r} rel_err {p['rel_err']!r}"
                 for p in f.failing
             ) or scrub_text(f.message)
-        elif f.status == "skip":
+        elif f.status in ("skip", "not_judged"):
             ET.SubElement(case, "skipped", message=scrub_text(f.message))
     path.parent.mkdir(parents=True, exist_ok=True)
     ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
@@ -91,11 +90,12 @@ def to_junit(path: Path, suite: str, findings: list[Finding]) -> None:
 def markdown(
     title: str, findings: list[Finding], notes: list[str] = (), images: list[str] = ()
 ) -> str:
-    icon = {"pass": "✅", "fail": "❌", "skip": "⚠️"}
+    icon = {"pass": "✅", "fail": "❌", "skip": "⚠️", "not_judged": "⚠️"}
     failed = sum(f.failed for f in findings)
+    unjudged = any(f.status == "not_judged" for f in findings)
+    verdict = "FAILED" if failed else "NOT JUDGED" if unjudged else "passed"
     lines = [
-        f"### {_md(title)}: {'FAILED' if failed else 'passed'} "
-        f"({failed} of {len(findings)} gates failed)",
+        f"### {_md(title)}: {verdict} ({failed} of {len(findings)} gates failed)",
         "",
         "| | gate | metric | result |",
         "|---|---|---|---|",

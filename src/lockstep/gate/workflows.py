@@ -39,6 +39,7 @@ class Environment:
     fields: dict
     machine: str
     digests: dict
+    legacy_key: str | None = None  # the key a golden of this environment had before
 
     @classmethod
     def current(cls, job: Job) -> Environment:
@@ -46,7 +47,24 @@ class Environment:
 
         fp = fingerprint.collect()
         env = envkey.environment(fp, job.settings())
-        return cls(envkey.key(env["key_fields"]), env["key_fields"], env["machine"], fp["digests"])
+        key = envkey.key(env["key_fields"])
+        return cls(key, env["key_fields"], env["machine"], fp["digests"], env["legacy_key"])
+
+    def existing(self, directory: Path, name: str, progress=print) -> Path:
+        """The golden's path under this key; a golden recorded under the legacy key (torch's
+        build tag, DeepSpeed on a job that does not use it) is used where that is the only
+        one, with a line naming the rename that keeps it found."""
+        path = golden.golden_path(directory, name, self.key)
+        if path.is_file() or self.legacy_key in (None, self.key):
+            return path
+        old = golden.golden_path(directory, name, self.legacy_key)
+        if old.is_file():
+            progress(
+                f"lockstep gate: the golden is under its old key {self.legacy_key} (keys now "
+                f"hold only what the job uses); rename it: git mv {old} {path}"
+            )
+            return old
+        return path
 
 
 def record_runs(job: Job, repeats: int, workdir: Path, progress=print) -> list[Run]:
@@ -97,8 +115,8 @@ def git_revision(cwd: Path | None = None) -> str | None:
     return rev + ("-dirty" if dirty.strip() else "")
 
 
-def find_golden(directory: Path, name: str, env: Environment, job: Job) -> Golden:
-    path = golden.golden_path(directory, name, env.key)
+def find_golden(directory: Path, name: str, env: Environment, job: Job, progress=print) -> Golden:
+    path = env.existing(directory, name, progress)
     if path.is_file():
         return golden.read(path)
     others = golden.recorded(directory, name)
@@ -143,6 +161,13 @@ class CheckOutcome:
     def failed(self) -> bool:
         return any(f.failed for f in self.findings)
 
+    @property
+    def verdict(self) -> str:
+        """`fail`, else `not_judged` where a finding could not decide, else `pass`."""
+        if self.failed:
+            return "fail"
+        return "not_judged" if any(f.status == "not_judged" for f in self.findings) else "pass"
+
     def notes(self, refresh: str | None = None, job: Job | None = None) -> list[str]:
         """What the report says beside the findings: how the job (`job`, when it ran here)
         and the environment differ from the golden's, and with `refresh` (the command
@@ -174,8 +199,8 @@ class CheckOutcome:
         return {
             "golden": str(self.golden.path),
             "env_key": self.golden.env_key,
-            "verdict": "fail" if self.failed else "pass",
-            "passed": not self.failed,
+            "verdict": self.verdict,
+            "passed": self.verdict == "pass",
             "findings": [f.to_dict() for f in self.findings],
             "run": {
                 "steps": len(self.run.rows),
@@ -208,7 +233,7 @@ def check(
     name: str, job: Job, directory: Path, workdir: Path | None = None, progress=print
 ) -> CheckOutcome:
     env = Environment.current(job)
-    g = find_golden(directory, name, env, job)
+    g = find_golden(directory, name, env, job, progress)
     with _workdir(workdir) as wd:
         progress(f"lockstep gate: checking {name} against {g.path}")
         run = job.run(wd / "check", progress=progress)
@@ -267,9 +292,9 @@ def refresh(
     env = Environment.current(job)
     path = golden.golden_path(directory, name, env.key)
     old, unreadable = None, None
-    if path.is_file():
+    if (found := env.existing(directory, name, progress)).is_file():
         try:
-            old = golden.read(path)
+            old = golden.read(found)
         except UsageError as err:
             unreadable = str(err).removesuffix(golden.ADVICE)
             progress(f"lockstep gate: the golden there is unreadable, refresh replaces it: {err}")

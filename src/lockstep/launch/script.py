@@ -229,11 +229,14 @@ class Script:
         """One launch with `protocol`'s variables over `env` (default: this process's);
         a rank killed by a signal logs its stack (PYTHONFAULTHANDLER); the ranks' flight
         recorder dumps go to `LOG.flight-recorder/` on a timeout or a crash (`Exit.report`)."""
+        from lockstep.launch.progress import watching
+
         env = dict(os.environ if env is None else env, **protocol.environ())
         env.setdefault("PYTHONFAULTHANDLER", "1")
-        return launch(self.argv(protocol), nproc, log, env=env, timeout=self.timeout,
-                      launcher=self.launcher, run_path=self.run_path, cwd=cwd,
-                      watch=watch, forensics=dumps_folder(log))  # fmt: skip
+        with watching(log.parent.name, protocol.metrics_of(0), protocol.max_steps):
+            return launch(self.argv(protocol), nproc, log, env=env, timeout=self.timeout,
+                          launcher=self.launcher, run_path=self.run_path, cwd=cwd,
+                          watch=watch, forensics=dumps_folder(log))  # fmt: skip
 
 
 def dumps_folder(log: Path) -> Path:

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from lockstep.env.summary import cell
+from lockstep.preflight.verdict import tied_groups
 from lockstep.redact import scrub_text
 from lockstep.summary_md import md_cell, step_summary
 
@@ -64,10 +65,11 @@ def _verdict(report: dict) -> str:
 
 
 def print_console(report: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False, soft_wrap=True)
+    from lockstep.terminal import console as make_console
+
+    console = make_console()
     nodes = Table(title="lockstep preflight: nodes")
     for col in ("node", "host", "address", "ranks"):
         nodes.add_column(col)
@@ -87,7 +89,10 @@ def print_console(report: dict) -> None:
     rows = outlier_rows(report)
     if rows:
         majority = ",".join(map(str, report["comparison"]["majority"]))
-        table = Table(title=f"outliers (majority: ranks {majority})")
+        title = f"outliers (majority: ranks {majority})"
+        if tied_groups(report["comparison"]):
+            title = f"ranks that differ (no majority; values compared with ranks {majority})"
+        table = Table(title=title)
         for col in ("rank", "host", "local rank", "GPU", "field", "value", "majority value"):
             table.add_column(col)
         for row in rows:

@@ -12,6 +12,7 @@ A rank's measurements are a dict:
 
 from __future__ import annotations
 
+from lockstep.env.lockfile import describe as describe_lock
 from lockstep.errors import EXIT_FAIL, EXIT_OK, EXIT_TIMEOUT
 from lockstep.preflight.collectives import COLLECTIVES, busbw_gbps
 from lockstep.preflight.lines import ranges
@@ -45,7 +46,7 @@ def build_report(
             problems.append(line)
         elif check["status"] == "warn":
             warnings.append(line)
-    _comparison_lines(comparison, fingerprints, lock_required, problems, warnings)
+    _comparison_lines(comparison, fingerprints, identities, lock_required, problems, warnings)
     coll = collectives(measurements)
     problems += [
         f"{name} returned wrong values on rank {ranges(c['failed_ranks'])}"
@@ -83,14 +84,19 @@ def build_report(
 def _comparison_lines(
     comparison: dict,
     fingerprints: dict[int, dict],
+    identities: list[dict],
     lock_required: bool,
     problems: list[str],
     warnings: list[str],
 ) -> None:
     """The fingerprint comparison's findings: outliers, shared GPUs, a lock not matched (a
     problem with --lock, else a warning)."""
-    for outlier in comparison["outliers"]:
-        problems.append(outlier_line(outlier))
+    tied = tied_groups(comparison)
+    if tied:
+        first = [identities[r] for r in tied[0]]
+        problems.append(tie_line(first, comparison["outliers"][: len(tied) - 1]))
+    for outlier in comparison["outliers"][max(len(tied) - 1, 0) :]:
+        problems.append(outlier_line(outlier, comparison["majority"] if tied else None))
     for dup in comparison["duplicate_gpus"]:
         problems.append(
             f"Duplicate GPU: ranks {ranges(dup['ranks'])} share GPU {dup['uuid']} on {dup['host']}"
@@ -100,8 +106,7 @@ def _comparison_lines(
         if lock and not lock["matches"]:
             line = (
                 f"installed packages do not match {lock['path']} on rank {ranges(group)}: "
-                f"{len(lock['extra'])} extra, {len(lock['missing'])} missing, "
-                f"{len(lock['different'])} different"
+                + describe_lock(lock)
             )
             (problems if lock_required else warnings).append(line)
 
@@ -166,6 +171,7 @@ def failed_hosts(identities, checks, comparison, collectives, matmul_result) -> 
     comparison, wrong collectives, an odd matmul): what `sbatch --exclude` needs."""
     ranks = {r for c in checks if c["status"] == "fail" for r in c["ranks"]}
     ranks |= {i["rank"] for o in comparison["outliers"] for i in o["ranks"]}
+    ranks |= {r for group in tied_groups(comparison) for r in group}  # no majority: all
     ranks |= {r for c in collectives.values() for r in c["failed_ranks"]}
     ranks |= set(matmul_result.get("odd_ranks") or [])
     return sorted({i["host"] for i in identities if i["rank"] in ranks})
@@ -234,6 +240,11 @@ def compared_line(comparison: dict, fingerprints: dict[int, dict]) -> str:
         head = f"1 rank, {fields} fields fingerprinted (no peer to compare)"
     elif not comparison["outliers"]:
         head = f"{n} ranks identical in {fields} fields"
+    elif tied := tied_groups(comparison):
+        head = (
+            f"{n} ranks compared in {fields} fields, no majority: {len(tied)} groups of "
+            f"{len(tied[0])} rank{'s' if len(tied[0]) != 1 else ''} differ"
+        )
     else:
         odd = n - len(comparison["majority"])
         head = f"{n} ranks compared in {fields} fields, {odd} differ from the majority"
@@ -254,19 +265,49 @@ def compared_line(comparison: dict, fingerprints: dict[int, dict]) -> str:
     return f"preflight: {head}; {stack}; {locked}"
 
 
-def outlier_line(outlier: dict) -> str:
-    """`rank 3 on node1 differs from the majority in env.NCCL_ALGO, ...`."""
+def outlier_line(outlier: dict, largest: list[int] | None = None) -> str:
+    """`rank 3 on node1 differs from the majority in env.NCCL_ALGO, ...` (`largest`: the
+    first of the largest groups, which tie: `... differs from rank 0-1 in ...`)."""
     ranks = [i["rank"] for i in outlier["ranks"]]
-    hosts = sorted({i["host"] for i in outlier["ranks"]})
+    verb = "differs" if len(ranks) == 1 else "differ"
+    other = "the majority" if largest is None else f"rank {ranges(largest)}"
+    fields = _fields_shown([f["field"] for f in outlier["fields"]])
+    return f"{_where(outlier['ranks'])} {verb} from {other} in {fields}"
+
+
+def tied_groups(comparison: dict) -> list[list[int]]:
+    """The largest groups of ranks when more than one has that size (two ranks that differ,
+    2 against 2 ...): no majority says which is odd. [] when one group is the largest."""
+    groups = comparison["groups"]
+    tied = [g for g in groups if len(g) == len(groups[0])]
+    return tied if len(tied) > 1 else []
+
+
+def tie_line(first: list[dict], outliers: list[dict]) -> str:
+    """`rank 0 on node0 and rank 1 on node1 differ in env.NCCL_ALGO (no majority says which
+    is odd ...)`: the first of the tied groups (`first`: its ranks' identities), the others
+    (`outliers`), and the fields that differ from the first's."""
+    where = [_where(first)] + [_where(o["ranks"]) for o in outliers]
+    names = list(dict.fromkeys(f["field"] for o in outliers for f in o["fields"]))
+    return (
+        f"{' and '.join(where)} differ in {_fields_shown(names)} (no majority says which is "
+        "odd: compare them with a known-good node)"
+    )
+
+
+def _where(ranks: list[dict]) -> str:
+    hosts = sorted({i["host"] for i in ranks})
     shown_hosts = ",".join(hosts[:_HOSTS_SHOWN])
     if len(hosts) > _HOSTS_SHOWN:
         shown_hosts += f" and {len(hosts) - _HOSTS_SHOWN} more hosts"
-    names = [f["field"] for f in outlier["fields"]]
+    return f"rank {ranges([i['rank'] for i in ranks])} on {shown_hosts}"
+
+
+def _fields_shown(names: list[str]) -> str:
     fields = ", ".join(names[:_FIELDS_SHOWN])
     if len(names) > _FIELDS_SHOWN:
         fields += f" and {len(names) - _FIELDS_SHOWN} more"
-    verb = "differs" if len(ranks) == 1 else "differ"
-    return f"rank {ranges(ranks)} on {shown_hosts} {verb} from the majority in {fields}"
+    return fields
 
 
 def merge_checks(identities: list[dict]) -> list[dict]:

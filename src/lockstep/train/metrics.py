@@ -120,12 +120,15 @@ class MetricsSink:
         if cfg.logging.progress:
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+            from lockstep import terminal
+
             self.progress = Progress(
                 TextColumn("step {task.completed}/{task.total}"),
                 BarColumn(),
                 TextColumn("loss {task.fields[loss]}"),
                 TimeRemainingColumn(),
                 transient=False,
+                console=terminal.console(),
             )
             self.task = self.progress.add_task(
                 "train", total=total_steps, completed=start, loss="-"

@@ -1,0 +1,173 @@
+"""Which run is going and at which step, on stderr, while a launch runs (`watching`).
+
+A launch's ranks write their metrics as JSON lines, one per optimizer step; a thread reads the
+file as it grows (or, for a folder of several runs, the newest metrics file under it) and
+shows the last step logged: a progress bar on a terminal, else a plain line such as
+`lockstep: world-size-2: step 3/8` at most every THROTTLE_S seconds and at the end. Nothing
+goes to stdout, which carries the verdicts, nor into any report or run log: an in-process
+launch points this process's stderr at the run's log, so the lines go to a copy of the
+stderr the command started with.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from lockstep import terminal
+
+POLL_S = 0.2
+THROTTLE_S = 2.0
+# a plain progress line, as `_Lines` prints it (a caller that wants the other lines of stderr)
+LINE = re.compile(r"^lockstep: .+: step \d+(/\d+)?$")
+_STEP = re.compile(rb'"step":\s*(\d+)')
+
+
+class StepReader:
+    """The last step logged in a metrics file (`path`), or in the newest `metrics*.jsonl`
+    under a folder written since `since`, read incrementally."""
+
+    def __init__(self, path: Path, since: float):
+        self.path, self.since = path, since
+        self.file: Path | None = None
+        self.offset = 0
+        self.step: int | None = None
+
+    def current(self) -> Path | None:
+        if not self.path.is_dir():
+            return self.path if self.path.is_file() else None
+        newest, when = None, self.since
+        for candidate in self.path.rglob("metrics*.jsonl"):
+            try:
+                mtime = candidate.stat().st_mtime
+            except OSError:
+                continue
+            if mtime >= when:
+                newest, when = candidate, mtime
+        return newest
+
+    def read(self) -> int | None:
+        """The last step logged so far (None before the first)."""
+        file = self.current()
+        if file is None:
+            return self.step
+        if file != self.file:
+            self.file, self.offset, self.step = file, 0, None
+        try:
+            with open(file, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read()
+        except OSError:
+            return self.step
+        end = chunk.rfind(b"\n") + 1  # whole lines only: the last may still be written
+        steps = [int(m) for m in _STEP.findall(chunk[:end])]
+        self.offset += end
+        if steps:
+            self.step = steps[-1]
+        return self.step
+
+    def label(self, name: str) -> str:
+        """`name`, with the run's folder when the reader follows a folder of runs."""
+        if self.path.is_dir() and self.file is not None and self.file.parent != self.path:
+            return f"{name} ({self.file.parent.relative_to(self.path)})"
+        return name
+
+
+class _Lines:
+    """Piped: one plain line per new step, at most every THROTTLE_S seconds, and the last."""
+
+    def __init__(self, name: str, total: int | None, stream):
+        self.name, self.total, self.stream = name, total, stream
+        self.shown: tuple[str, int | None] | None = None
+        self.when = 0.0
+
+    def update(self, label: str, step: int | None, final: bool = False) -> None:
+        if step is None or (label, step) == self.shown:
+            return
+        if not final and time.monotonic() - self.when < THROTTLE_S:
+            return
+        of = f"/{self.total}" if self.total else ""
+        print(f"lockstep: {label}: step {step}{of}", file=self.stream, flush=True)
+        self.shown, self.when = (label, step), time.monotonic()
+
+    def close(self) -> None:
+        pass
+
+
+class _Bar:
+    """On a terminal: a transient progress bar on stderr."""
+
+    def __init__(self, name: str, total: int | None, stream):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("steps"),
+            console=terminal.console(file=stream),
+            transient=True,
+        )
+        self.task = self.progress.add_task(name, total=total)
+        self.progress.start()
+
+    def update(self, label: str, step: int | None, final: bool = False) -> None:
+        self.progress.update(self.task, description=label, completed=step or 0)
+
+    def close(self) -> None:
+        self.progress.stop()
+
+
+@contextmanager
+def watching(name: str, metrics: Path | None, total: int | None = None):
+    """Show run `name`'s progress on stderr while the block runs: the steps logged to
+    `metrics` (a file, or a folder whose newest metrics file is the run going) of `total`;
+    nothing without a `metrics` path."""
+    if metrics is None:
+        yield
+        return
+    with _own_stderr() as stream:
+        shown = (_Bar if terminal.is_terminal(stream) else _Lines)(name, total, stream)
+        reader = StepReader(metrics.absolute(), time.time() - 0.05)  # a coarse file clock
+        with _following(reader, shown, name):
+            yield
+
+
+@contextmanager
+def _own_stderr():
+    """A stream on a copy of stderr's file descriptor, taken now: it stays the command's
+    stderr while a launch points descriptor 2 at a run's log."""
+    sys.stderr.flush()
+    try:
+        fd = os.dup(sys.stderr.fileno())
+    except (AttributeError, OSError, ValueError):  # a stderr without a descriptor
+        yield sys.stderr
+        return
+    with open(fd, "w", buffering=1, encoding="utf-8", errors="replace") as stream:
+        yield stream
+
+
+@contextmanager
+def _following(reader: StepReader, shown, name: str):
+    stop = threading.Event()
+
+    def follow() -> None:
+        while not stop.wait(POLL_S):
+            step = reader.read()
+            shown.update(reader.label(name), step)
+
+    thread = threading.Thread(target=follow, name="lockstep-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        step = reader.read()
+        shown.update(reader.label(name), step, final=True)
+        shown.close()
