@@ -140,8 +140,7 @@ def judge_difference(runner: ScriptRunner, div: Divergence, sizes: tuple[int, in
     the noise floor (`noise_floor.judge`); a replay or floor run that cannot run says why and
     leaves the verdict to the other."""
     base, n = sizes
-    floor, failed = script_floor(runner, base, steps, runs[base])
-    floored = nf.judge(runs[base], runs[n], floor, rtol, atol) if floor else None
+    floor, floored, failed = script_floor(runner, base, steps, (runs[base], runs[n]), rtol, atol)
     try:
         replay = float64_replay(runner, div, base, n, (runs[base], runs[n]))
     except (UsageError, RankTimeout) as exc:
@@ -170,17 +169,29 @@ def judge_difference(runner: ScriptRunner, div: Divergence, sizes: tuple[int, in
     return "not_judged", f"{floor_text}; {replay.text}", forensics
 
 
-def script_floor(runner: ScriptRunner, nproc: int, steps: int, base: list[dict]):
-    """The script's noise floor on `nproc` ranks (`noise_floor.PERTURBATIONS`, one run
-    each), and None with why when a perturbed run could not run."""
-    perturbed = []
+def script_floor(runner: ScriptRunner, nproc: int, steps: int, runs: tuple[list, list],
+                 rtol: float, atol: float):  # fmt: skip
+    """The script's noise floor on `nproc` ranks and `runs` judged against it: one run per
+    `noise_floor.PERTURBATIONS`, the second only while the first leaves a differing metric
+    unmoved (floor zero). (None, None, why) when a perturbed run could not run."""
+    perturbed, floor, judged = [], None, None
     for i, env in enumerate(nf.PERTURBATIONS, 1):
+        name = f"world-size-{nproc}-reordered-{i}"
         try:
-            name = f"world-size-{nproc}-reordered-{i}"
             perturbed.append(runner.run(name, nproc=nproc, max_steps=steps, perturb=env))
         except (UsageError, RankTimeout) as exc:
-            return None, f"no noise floor: a run with its fp32 sums reordered could not run: {exc}"
-    return nf.measure(base, perturbed), ""
+            if floor is not None:
+                break
+            return (
+                None,
+                None,
+                f"no noise floor: a run with its fp32 sums reordered could not run: {exc}",
+            )
+        floor = nf.measure(runs[0], perturbed)
+        judged = nf.judge(*runs, floor, rtol, atol)
+        if judged.kind != "zero":
+            break
+    return floor, judged, ""
 
 
 def float64_replay(runner: ScriptRunner, div: Divergence, base: int, n: int, fp32=None):
