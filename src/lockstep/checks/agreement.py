@@ -46,7 +46,7 @@ def agree(
                 False,
                 f"{base} and {label} diverge at {div.describe(base, label)}",
                 divergence=div,
-                diagnosis=diagnosis,
+                diagnosis=first_cause(div, diagnosis),
             )
             if sides is None or workdir is None:
                 return failed
@@ -87,6 +87,17 @@ def agree(
     return CheckResult(
         name, True, f"{', '.join(runs)} agree over {steps} steps {tolerance(rtol, atol)}"
     )
+
+
+def first_cause(div, diagnosis: str) -> str:
+    """The likely cause from what differs first: a loss at step 1 comes before any update,
+    so the runs started apart (weights or data) before anything `diagnosis` names."""
+    if div.step == 1 and div.metric == "loss":
+        return (
+            "at step 1, before any update, so the runs start apart: the initial weights (a "
+            f"seed or an init that differs) or the data (a batch or split that differs); else {diagnosis}"
+        )
+    return diagnosis
 
 
 def floor_verdict(found: CheckResult, side, rows: tuple[list[dict], list[dict]], out: Path,
