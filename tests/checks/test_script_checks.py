@@ -31,6 +31,8 @@ BUGS = {
     ),
     # an unseeded data order
     "unseeded-order": ("random.Random(epoch)", "random.Random()"),
+    # a per-rank seed: every rank starts from other weights
+    "rank-seed": ("torch.manual_seed(0)", "torch.manual_seed(rank)"),
 }
 
 
@@ -63,6 +65,8 @@ def test_example_passes_every_check(tmp_path):
         ("data-position", "resume", "RNG state or data position"),
         ("local-clip", "world-size", "clipping or a norm on a local shard"),
         ("unseeded-order", "determinism", "unseeded"),
+        # at step 1, before any update: the initial weights first, not clipping
+        ("rank-seed", "world-size", "before any update, so the runs start apart: the initial"),
     ],
 )
 def test_broken_variant_is_caught(tmp_path, bug, name, cause):
@@ -103,6 +107,26 @@ def test_crashing_script_is_bad_input_in_one_line(tmp_path, run_path):
     assert "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert "run 'determinism-1' exited 1: no data found at /nowhere" in proc.stderr
+
+
+@pytest.mark.parametrize("run_path", [(), ("--run-path",)], ids=["new-interpreter", "run-path"])
+def test_the_error_quotes_the_rank_that_failed_first(tmp_path, run_path):
+    """Rank 0 fails; rank 1 then fails on the closed connection: the one line is rank 0's
+    (torchrun's root cause), not rank 1's later "Connection closed by peer"."""
+    script = tmp_path / "first.py"
+    script.write_text(
+        "import torch\nimport torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "if dist.get_rank() == 0:\n    raise ValueError('rank zero: bad shard at /nowhere')\n"
+        "dist.all_reduce(torch.ones(1))\n"
+    )
+    proc, _ = check("determinism", "--script", str(script), "--nproc", "2", *run_path,
+                    cwd=tmp_path, rerun=False)  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    log = (tmp_path / "runs" / "determinism-1" / "run.log").read_text()
+    assert "Connection closed by peer" in log  # rank 1's follow-on error, logged after rank 0's
+    (line,) = proc.stderr.strip().splitlines()
+    assert "ValueError: rank zero: bad shard at /nowhere" in line, line
 
 
 def test_a_python_on_path_other_than_lockstep_s_is_named(tmp_path):

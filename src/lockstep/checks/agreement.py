@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lockstep.checks import noise_floor as nf
 from lockstep.checks.divergence_replay import investigated
 from lockstep.checks.harness import first_param_difference, numeric_tolerance
 from lockstep.checks.result import CheckResult, skipped_notes, tolerance, unsound
@@ -49,7 +50,7 @@ def agree(
                 False,
                 f"{base} and {label} diverge at {div.describe(base, label)}",
                 divergence=div,
-                diagnosis=diagnosis,
+                diagnosis=first_cause(div, diagnosis),
             )
             if sides is None or workdir is None:
                 return failed
@@ -64,11 +65,16 @@ def agree(
                 float64=True,
                 rows32=(base_rows, other_rows),
             )
-            if found.forensics["verdict"] and found.forensics["verdict"]["kind"] == "noise":
-                found.passed = True
+            replay = (found.forensics.get("verdict") or {}).get("kind")
+            if div.metric in nf.METRICS:
+                floor_verdict(found, sides[base], (base_rows, other_rows), workdir / name,
+                              rtol, atol, decides=replay not in ("noise", "factor", "dependence"))  # fmt: skip
+            if replay == "noise" or found.verdict == "pass":
+                found.passed, found.judged = True, True
+                how = "a float64 replay" if replay == "noise" else "the noise floor"
                 found.summary = (
                     f"{base} and {label} differ at {div.describe(base, label)} "
-                    f"{tolerance(rtol, atol)}, which a float64 replay shows to be rounding noise"
+                    f"{tolerance(rtol, atol)}, which {how} shows to be rounding noise"
                 )
                 found.diagnosis = None
                 continue
@@ -88,6 +94,56 @@ def agree(
         f"{', '.join(runs)} agree over {steps} steps {tolerance(rtol, atol)}",
         notes=skipped_notes(logged),
     )
+
+
+def first_cause(div, diagnosis: str) -> str:
+    """The likely cause from what differs first: a loss at step 1 comes before any update,
+    so the runs started apart (weights or data) before anything `diagnosis` names."""
+    if div.step == 1 and div.metric == "loss":
+        return (
+            "at step 1, before any update, so the runs start apart: the initial weights (a "
+            f"seed or an init that differs) or the data (a batch or split that differs); else {diagnosis}"
+        )
+    return diagnosis
+
+
+def floor_verdict(found: CheckResult, side, rows: tuple[list[dict], list[dict]], out: Path,
+                  rtol: float, atol: float, decides: bool) -> None:  # fmt: skip
+    """`found` (a failed agreement) with the noise floor: the first side once more with its
+    fp32 sums reordered (`noise_floor.reordered`: another intra-op thread count), every step
+    judged against it (`noise_floor.judge`), the margin in its lines. Where no float64 replay
+    decided (`decides`), the floor does: within it a pass, a metric it cannot judge NOT
+    JUDGED. Collective, like the side."""
+    try:
+        with nf.reordered():
+            _, perturbed = side(len(rows[0]), None, out / "reordered")
+    except Exception as exc:  # an engine that cannot replay: the replay's verdict stands
+        found.notes.append(f"no noise floor: the reordered run could not run: {exc!r}")
+        return
+    judged = _rank0(nf.judge(*rows, nf.measure(rows[0], [perturbed]), rtol, atol))
+    found.notes.append(f"noise floor: {judged.text}")
+    found.forensics = (found.forensics or {}) | {"noise_floor": judged.to_dict()}
+    found.forensics["lines"] = [*found.forensics.get("lines", []), f"noise floor: {judged.text}"]
+    if not decides:
+        return
+    if judged.kind == "noise":
+        found.passed = True
+    elif judged.kind == "zero":
+        found.judged = False
+        found.summary += f"; no float64 replay decides and {judged.text}"
+    else:
+        found.diagnosis = f"{judged.text}; {found.diagnosis}"
+
+
+def _rank0(obj):
+    """Rank 0's `obj` on every rank: the ranks go on (or stop) alike."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def combine(name: str, results: list[CheckResult]) -> CheckResult:

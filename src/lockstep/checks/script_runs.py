@@ -48,6 +48,8 @@ class ScriptRunner:
         run_path: bool = False,
     ):
         self.script = Script(command, launcher=launcher, run_path=run_path, timeout=timeout)
+        # perturbed runs start new interpreters: ATen reads its vector width at import
+        self.new_script = Script(command, launcher=launcher, timeout=timeout)
         self.workdir = workdir
         self.timeout = timeout
         self.logs: dict[str, str] = {}
@@ -83,10 +85,12 @@ class ScriptRunner:
         per_rank: bool = False,
         dtype: str | None = None,
         watch: Path | None = None,
+        perturb: dict[str, str] | None = None,
     ) -> list[dict] | dict[int, list[dict]]:
         """One launch; returns the metrics rank 0 wrote (`per_rank`: {rank: metrics}, every
         rank writing its own file). A failed launch is bad input. `dtype`: a replay
-        (`track.replay_dtype`); `watch`: a replay recording modules (`track.watch`).
+        (`track.replay_dtype`); `watch`: a replay recording modules (`track.watch`);
+        `perturb`: variables that reorder its fp32 sums, in a new interpreter (`noise_floor`).
 
         A fresh run (no resume, own checkpoint folder) is reused by later checks asking for
         the same ranks and steps: `check all` launches fewer runs. `reuse=False` forces a new
@@ -94,7 +98,7 @@ class ScriptRunner:
         """
         key = (nproc, max_steps)
         fresh = checkpoint_dir is None and not resume and not per_rank and dtype is None
-        fresh = fresh and watch is None
+        fresh = fresh and watch is None and perturb is None
         if fresh and reuse and key in self._fresh:
             return self._fresh[key]
         env = dict(os.environ)
@@ -103,8 +107,10 @@ class ScriptRunner:
             env["LOCKSTEP_DTYPE"] = dtype
         if watch is not None:
             env["LOCKSTEP_WATCH"] = str(watch)
+        env.update(perturb or {})
         self.logs[name] = str(self.workdir / name / "run.log")
-        run = run_under_protocol(self.script, nproc, self.workdir / name, max_steps=max_steps,
+        script = self.script if perturb is None else self.new_script
+        run = run_under_protocol(script, nproc, self.workdir / name, max_steps=max_steps,
                                  checkpoint_dir=checkpoint_dir, resume=resume,
                                  per_rank=per_rank, env=env)  # fmt: skip
         if run.timed_out:

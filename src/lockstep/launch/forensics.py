@@ -31,13 +31,42 @@ def aborted_at_exit(text: str) -> bool:
 SUMMARY = re.compile(r"^={60}$.*?^={60}$", re.M | re.S)
 
 
+ROOT_CAUSE = re.compile(
+    r"Root Cause \(first observed failure\):\n(.*?)(?=^-{60}$|^={60}$|\Z)", re.M | re.S
+)
+RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:")
+LAUNCHER_LINES = ("errors.html", "ChildFailedError", "elastic", "launch.py", "error_file")
+
+
 def last_error_line(log: Path) -> str:
-    """The script's own last error line, not the launcher's summary of it."""
-    text = SUMMARY.sub("", log.read_text(errors="replace"))
-    launcher = ("errors.html", "ChildFailedError", "elastic", "launch.py", "error_file")
-    lines = [
-        ln.strip() for ln in text.splitlines()
-        if ln.strip() and not any(x in ln for x in launcher)
-    ]  # fmt: skip
-    errors = [ln for ln in lines if "Error" in ln or "error" in ln]
-    return (errors or lines or ["no output"])[-1][:300]
+    """The script's own last error line, not the launcher's summary of it: that of the rank
+    torchelastic names as the root cause (the first to fail, by time: its traceback in the
+    summary, else its `[rankN]:` lines), not another rank's follow-on error ("Connection
+    closed by peer"); without a root cause, the last error line of any rank."""
+    text = log.read_text(errors="replace")
+    root = root_cause(text)
+    if root is not None:
+        rank, traceback = root
+        if line := _last_error(traceback.splitlines()):
+            return line
+        own = [ln for ln in text.splitlines() if (m := RANK_PREFIX.match(ln)) and int(m[1]) == rank]
+        if line := _last_error(own):
+            return line
+    return _last_error(SUMMARY.sub("", text).splitlines()) or "no output"
+
+
+def root_cause(text: str) -> tuple[int, str] | None:
+    """torchrun's "Root Cause (first observed failure)" section of a launch's log: the rank
+    that failed first and its traceback ('' when the rank wrote no error file)."""
+    found = ROOT_CAUSE.search(text)
+    rank = re.search(r"^\s*rank\s*:\s*(\d+)", found[1], re.M) if found else None
+    if rank is None:
+        return None
+    traceback = re.search(r"^\s*traceback\s*:(.*)", found[1], re.M | re.S)
+    return int(rank[1]), traceback[1] if traceback and "errors.html" not in traceback[1] else ""
+
+
+def _last_error(lines: list[str]) -> str:
+    kept = [ln.strip() for ln in lines if ln.strip() and not any(x in ln for x in LAUNCHER_LINES)]
+    errors = [ln for ln in kept if "Error" in ln or "error" in ln]
+    return (errors or kept or [""])[-1][:300]

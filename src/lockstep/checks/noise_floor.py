@@ -1,0 +1,174 @@
+"""How far fp32 reordering alone moves a computation (its noise floor), and a difference
+between two runs judged against it.
+
+Two runs that should agree (1 and 2 ranks, two engines, accumulation against one batch)
+differ in the order their sums are taken, so they differ by rounding, and rounding grows
+through training. How much it grows depends on the job, so no fixed tolerance fits every
+job: lockstep measures it. It runs the first run's configuration again with only the order
+of its reductions changed, by a perturbation every PyTorch program follows without any help
+from the script (`PERTURBATIONS` for a script: the width of ATen's vector kernels and the
+intra-op thread count; `other_thread_count` in-process), and takes the relative difference
+per step and metric as the floor.
+
+The rule (`judge`): each step's difference of each metric must be within `K` times the floor
+of that metric measured up to that step. Rounding shows in a logged metric only from the step
+it first reaches it, so the first step with a non-zero floor stands for the steps before it.
+K = 10: the runs compared and the perturbed run reorder different sums, and rounding from
+different sources grows alike through the same training but starts a few ulps apart; a real
+dependence (a norm on a local shard, a wrong normalisation) moves the numbers by orders of
+magnitude more. A metric that differs where its floor is zero over the whole run cannot be
+judged this way (NOT JUDGED, unless a float64 replay decides).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import asdict, dataclass
+
+K = 10.0
+METRICS = ("loss", "grad_norm")
+
+# A script's perturbed runs (new interpreters: ATen reads its vector width at import):
+# no SIMD at all, then 256-bit vectors on two threads. cuBLAS without workspace picks other
+# kernels on a GPU.
+PERTURBATIONS: tuple[dict[str, str], ...] = (
+    {"ATEN_CPU_CAPABILITY": "default", "CUBLAS_WORKSPACE_CONFIG": ":0:0"},
+    {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "2"},
+)
+PERTURBED = "fp32 reordering (ATen vector width, intra-op threads)"
+
+
+def relative(a, b) -> float | None:
+    """|a - b| relative to the larger; None unless both are finite numbers."""
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (a, b)):
+        return None
+    return abs(a - b) / max(abs(a), abs(b), 1e-300)
+
+
+@dataclass(frozen=True)
+class Floor:
+    """Per metric, per step: the largest relative difference a perturbed run showed."""
+
+    steps: dict[str, dict[int, float]]
+    how: str = PERTURBED
+
+    def at(self, metric: str, step: int) -> float:
+        """The floor of `metric` up to `step` (the first non-zero step standing for the
+        steps before it); 0 when reordering never moved it."""
+        seen = self.steps.get(metric, {})
+        nonzero = [s for s, f in sorted(seen.items()) if f > 0]
+        if not nonzero:
+            return 0.0
+        upto = max(step, nonzero[0])
+        return max(f for s, f in seen.items() if s <= upto)
+
+    def largest(self) -> float:
+        return max((f for m in self.steps.values() for f in m.values()), default=0.0)
+
+    def to_dict(self) -> dict:
+        return {"how": self.how, "steps": {m: dict(v) for m, v in self.steps.items()}}
+
+
+def measure(base: list[dict], perturbed: list[list[dict]], metrics=METRICS) -> Floor:
+    """The floor from `base` and its perturbed runs (lists of metric rows with a `step`).
+    Pure."""
+    steps: dict[str, dict[int, float]] = {m: {} for m in metrics}
+    rows = {int(r["step"]): r for r in base}
+    for other in perturbed:
+        for r in other:
+            s = int(r["step"])
+            for m in metrics:
+                rel = relative(rows.get(s, {}).get(m), r.get(m))
+                if rel is not None:
+                    steps[m][s] = max(steps[m].get(s, 0.0), rel)
+    return Floor(steps)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """`kind`: "noise" (every difference within K x the floor), "beyond" (a difference
+    above it: a failure) or "zero" (a metric differs where reordering never moved it)."""
+
+    kind: str
+    text: str
+    step: int | None = None
+    metric: str | None = None
+    difference: float | None = None
+    floor: float | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        if self.difference is None or not self.floor:
+            return None
+        return self.difference / self.floor
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"ratio": self.ratio, "k": K}
+
+
+def judge(a: list[dict], b: list[dict], floor: Floor, rtol: float = 0.0, atol: float = 0.0,
+          metrics=METRICS) -> Judgement:  # fmt: skip
+    """Every step and metric of `a` against `b`: a difference within rtol/atol or within K x
+    the floor up to that step is noise; the first beyond both fails; one where the floor is
+    zero cannot be judged. Reports the largest ratio to the floor when all pass. Pure."""
+    rows = {int(r["step"]): r for r in b}
+    worst: Judgement | None = None
+    unjudged: Judgement | None = None
+    for r in sorted(a, key=lambda r: int(r["step"])):
+        s = int(r["step"])
+        for m in metrics:
+            x, y = r.get(m), rows.get(s, {}).get(m)
+            rel = relative(x, y)
+            if rel is None or rel == 0 or abs(x - y) <= atol + rtol * abs(x):
+                continue
+            f = floor.at(m, s)
+            if f == 0:
+                unjudged = unjudged or Judgement("zero", "", s, m, rel, 0.0)
+                continue
+            here = Judgement("noise", "", s, m, rel, f)
+            if rel > K * f:
+                return _worded(Judgement("beyond", "", s, m, rel, f))
+            if worst is None or here.ratio > worst.ratio:
+                worst = here
+    if unjudged is not None:
+        return _worded(unjudged)
+    if worst is None:
+        return Judgement("noise", "no difference beyond the tolerance")
+    return _worded(worst)
+
+
+def _worded(j: Judgement) -> Judgement:
+    where = f"{j.metric} differs by {j.difference:.2g} relative at step {j.step}"
+    if j.kind == "zero":
+        text = (
+            f"{where}, but fp32 reordering alone never moved {j.metric} (noise floor zero): "
+            "the floor cannot judge it"
+        )
+    else:
+        relation = "within" if j.kind == "noise" else "beyond"
+        text = (
+            f"{where}; fp32 reordering alone moves it {j.floor:.2g} (noise floor); "
+            f"{j.ratio:.2g}x the floor, {relation} {K:g}x"
+        )
+    return Judgement(j.kind, text, j.step, j.metric, j.difference, j.floor)
+
+
+def other_thread_count() -> int:
+    """An intra-op thread count other than this process's: its reductions split otherwise."""
+    import torch
+
+    return 2 if torch.get_num_threads() == 1 else 1
+
+
+@contextlib.contextmanager
+def reordered():
+    """In-process perturbation (a check's own ranks): another intra-op thread count."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(other_thread_count())
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
