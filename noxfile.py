@@ -30,10 +30,10 @@ REQUIREMENTS = ROOT / "requirements"
 DOCKER = ROOT / "docker"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
-# Which interpreter each lock is compiled for (the CPU torch wheel is cp311, the images 3.12).
+# Which interpreter each lock is compiled for (CPython 3.11: the base image's Python, both images).
 LOCKS = {
     "cpu": {"python": "3.11", "tool": "pip-compile"},
-    "cuda": {"python": "3.12", "tool": "uv", "platform": "x86_64-manylinux_2_28"},
+    "cuda": {"python": "3.11", "tool": "uv", "platform": "x86_64-manylinux_2_28"},
     # nox alone, for CI's bootstrap (ci/nox.sh); pure-Python wheels, so any CPython 3.11+.
     "ci": {"python": "3.11", "tool": "pip-compile"},
 }

@@ -12,6 +12,7 @@ import hashlib
 import re
 from pathlib import Path
 
+from lockstep.env import cuda_stack
 from lockstep.errors import UsageError
 from lockstep.inputs import read_text
 
@@ -67,8 +68,11 @@ def _torch_local(path: Path) -> str | None:
     return match[1].partition("+")[2] if match else None
 
 
-def compare_lock(path: Path, installed: dict[str, str]) -> dict[str, object]:
-    """Extra, missing and different packages of `installed` against the lock at `path`."""
+def compare_lock(
+    path: Path, installed: dict[str, str], stack: dict[str, str | None] | None = None
+) -> dict[str, object]:
+    """Extra, missing and different packages of `installed` against the lock at `path`; with
+    `stack` (cuda_stack.built), also torch's CUDA, cuDNN and NCCL against the lock's wheels."""
     pins = parse_lock(path)
     have = {name: v for name, v in installed.items() if name not in NOT_LOCKED}
     extra = {name: have[name] for name in sorted(have.keys() - pins.keys())}
@@ -78,13 +82,16 @@ def compare_lock(path: Path, installed: dict[str, str]) -> dict[str, object]:
         for name in sorted(have.keys() & pins.keys())
         if not _same_version(have[name], pins[name])
     }
+    stack_result = cuda_stack.compare(stack, pins) if stack is not None else None
     return {
         "path": str(path),
         "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-        "matches": not (extra or missing or different),
+        "matches": not (extra or missing or different)
+        and (stack_result is None or stack_result["matches"]),
         "extra": extra,
         "missing": missing,
         "different": different,
+        "cuda_stack": stack_result,
     }
 
 
