@@ -1,4 +1,4 @@
-"""ci/docker-tier.py, the Python steps of the CPU docker tier, run for real without an engine.
+"""ci/docker-tier.py, the Python steps of the docker tier, run for real without an engine.
 
 Inputs are real: data/bake-print.json is what `docker buildx bake --print cpu cuda` (buildx
 0.13.1, Debian's, the tier's) printed for docker/docker-bake.hcl with build-args.sh's variables;
@@ -86,7 +86,8 @@ def bake_args(printed: dict, **change: str) -> list[str]:
         "--image": cpu["tags"][0],
         "--base-image": cpu["args"]["CPU_BASE_IMAGE"],
         "--lock-sha256": cpu["args"]["LOCK_SHA256"],
-        "--cuda-tag": cuda["tags"][0].rsplit(":", 1)[1],
+        "--cuda-image": cuda["tags"][0],
+        "--cuda-lock-sha256": cuda["args"]["LOCK_SHA256"],
     }
     args.update({f"--{k.replace('_', '-')}": v for k, v in change.items()})
     return [part for pair in args.items() for part in pair]
@@ -101,17 +102,25 @@ def test_bake_matches_the_tier_build_and_names_any_difference(tmp_path):
         f"cuda -> {printed['target']['cuda']['tags'][0]}\n"
     )
     for change, key in (
-        ({"image": "127.0.0.1:5099/lockstep-cpu:env-0000000000000000"}, "'tags'"),
-        ({"base_image": "debian:bookworm-slim@sha256:" + "0" * 64}, "args.CPU_BASE_IMAGE"),
-        ({"lock_sha256": "sha256:" + "0" * 64}, "args.LOCK_SHA256"),
-        ({"cuda_tag": "env-0000000000000000"}, "cuda.tags"),
+        ({"image": "127.0.0.1:5099/lockstep-cpu:env-0000000000000000"}, "'cpu.tags'"),
+        ({"base_image": "debian:bookworm-slim@sha256:" + "0" * 64}, "'cpu.args.CPU_BASE_IMAGE'"),
+        ({"lock_sha256": "sha256:" + "0" * 64}, "'cpu.args.LOCK_SHA256'"),
+        ({"cuda_image": "127.0.0.1:5099/lockstep-cuda:env-0000000000000000"}, "cuda.tags"),
+        ({"cuda_lock_sha256": "sha256:" + "0" * 64}, "cuda.args.LOCK_SHA256"),
     ):
         assert failed(run("bake", str(BAKE), *bake_args(printed, **change)), key), change
     # A bake file whose cpu target builds another stage, or no cuda target at all.
     other = json.loads(BAKE.read_text())
     other["target"]["cpu"]["target"] = "cpu-build"
     (tmp_path / "other.json").write_text(json.dumps(other))
-    assert failed(run("bake", str(tmp_path / "other.json"), *bake_args(printed)), "'target'")
+    assert failed(run("bake", str(tmp_path / "other.json"), *bake_args(printed)), "'cpu.target'")
+    # Both images start from the one base of docker/base.lock, for linux/amd64 alone.
+    other = json.loads(BAKE.read_text())
+    other["target"]["cuda"]["args"]["CPU_BASE_IMAGE"] = "nvidia/cuda:13@sha256:" + "0" * 64
+    other["target"]["cuda"]["platforms"].append("linux/arm64")
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    result = run("bake", str(tmp_path / "other.json"), *bake_args(printed))
+    assert failed(result, "'cuda.platforms'") and "'cuda.args.CPU_BASE_IMAGE'" in result.stderr
     del other["target"]["cuda"]
     (tmp_path / "other.json").write_text(json.dumps(other))
     assert failed(run("bake", str(tmp_path / "other.json"), *bake_args(printed)), "'cuda'")

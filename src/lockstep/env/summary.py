@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from lockstep.env import cuda_stack
 from lockstep.redact import scrub_text
 
 
@@ -39,6 +40,7 @@ def _headline(name: str, body: dict) -> str:
                     if lock["matches"]
                     else f"{len(lock['extra'])} extra, "
                     f"{len(lock['missing'])} missing, {len(lock['different'])} different"
+                    + "".join(f"; {d}" for d in cuda_stack.differences(lock.get("cuda_stack")))
                 )
             )
             return f"{body['count']} distributions, {state}"
