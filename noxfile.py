@@ -172,8 +172,10 @@ def multi_gpu(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def docker(session: nox.Session) -> None:
-    """The CPU docker tier with a real engine: build the locked image, then preflight and a
-    2-rank ZeRO smoke training inside it, launched by digest (ci/docker-tier.sh)."""
+    """The docker tier with a real engine (ci/docker-tier.sh): build the locked CPU image, then
+    preflight and a 2-rank ZeRO smoke training inside it, launched by digest; then the CUDA
+    image, in which the fingerprint's CUDA, cuDNN and NCCL must be the lock's, exactly one
+    libnccl.so* may be, and preflight runs on gloo (no GPU needed)."""
     session.run("bash", str(ROOT / "ci" / "docker-tier.sh"), *session.posargs, external=True)
 
 
