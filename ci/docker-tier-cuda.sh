@@ -45,6 +45,7 @@ in_image -v "$out:/home/lockstep/out" "$cuda_ref" lockstep fingerprint \
 	cat "$out/fingerprint.txt" >&2
 	die "lockstep fingerprint failed in the CUDA image"
 }
+cp "$out/fingerprint.json" "$CACHE/last-cuda-fingerprint.json" # kept for a look afterwards
 tier_py cuda-stack "$out/fingerprint.json" --lock "$CUDA_LOCK" ||
 	die "the CUDA image's stack is not its lock's"
 
@@ -82,5 +83,5 @@ planted=$(grep -o 'check-one-nccl: .*' "$RUN_DIR/planted.log" | head -1)
 }
 echo "failed as it must: $planted"
 
-step "CUDA: lockstep preflight --nproc 2 (gloo: no GPU here) in the image"
-in_image "$cuda_ref" lockstep preflight --nproc 2
+step "CUDA: lockstep preflight --nproc 2 --lock (the image's own; gloo: no GPU here) in the image"
+in_image "$cuda_ref" lockstep preflight --nproc 2 --lock "/etc/lockstep/$CUDA_LOCK"
