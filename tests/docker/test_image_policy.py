@@ -1,4 +1,4 @@
-"""Static policy of the locked images; runs without Docker (the CPU docker tier builds them).
+"""Static policy of the locked images; runs without Docker (the docker tier builds both).
 
 Pins: every FROM is a build stage or a base pinned by digest through a build argument whose
 default is a docker/base.lock line. Locks: each image installs requirements/<variant>.txt,
