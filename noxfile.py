@@ -30,10 +30,10 @@ REQUIREMENTS = ROOT / "requirements"
 DOCKER = ROOT / "docker"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
-# Which interpreter each lock is compiled for (the CPU torch wheel is cp311, the images 3.12).
+# Which interpreter each lock is compiled for (CPython 3.11: the base image's Python, both images).
 LOCKS = {
     "cpu": {"python": "3.11", "tool": "pip-compile"},
-    "cuda": {"python": "3.12", "tool": "uv", "platform": "x86_64-manylinux_2_28"},
+    "cuda": {"python": "3.11", "tool": "uv", "platform": "x86_64-manylinux_2_28"},
     # nox alone, for CI's bootstrap (ci/nox.sh); pure-Python wheels, so any CPython 3.11+.
     "ci": {"python": "3.11", "tool": "pip-compile"},
 }
@@ -172,8 +172,10 @@ def multi_gpu(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def docker(session: nox.Session) -> None:
-    """The CPU docker tier with a real engine: build the locked image, then preflight and a
-    2-rank ZeRO smoke training inside it, launched by digest (ci/docker-tier.sh)."""
+    """The docker tier with a real engine (ci/docker-tier.sh): build the locked CPU image, then
+    preflight and a 2-rank ZeRO smoke training inside it, launched by digest; then the CUDA
+    image, in which the fingerprint's CUDA, cuDNN and NCCL must be the lock's, exactly one
+    libnccl.so* may be, and preflight runs on gloo (no GPU needed)."""
     session.run("bash", str(ROOT / "ci" / "docker-tier.sh"), *session.posargs, external=True)
 
 

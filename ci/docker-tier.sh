@@ -1,25 +1,35 @@
 #!/usr/bin/env bash
-# The CPU docker tier, end to end, with a real Docker engine and no registry on the network:
+# The docker tier, end to end, both images, with a real Docker engine and no registry on the
+# network:
 #   1. engine: use a running one, else install Debian's docker.io and start dockerd
 #      (no iptables, own data root, sockets and pidfile; stopped again on exit);
 #   2. base: debootstrap a minimal Debian bookworm, `docker import` it and push it to a
 #      throwaway local registry, so the build gets its base as tag@sha256:<manifest digest>
-#      through CPU_BASE_IMAGE, exactly as docker/base.lock pins debian:bookworm-slim;
-#   3. wheelhouse: `pip download --require-hashes` against requirements/cpu.txt for CPython 3.11
-#      manylinux, served on loopback; pip inside the build checks every hash again;
+#      through CPU_BASE_IMAGE, exactly as docker/base.lock pins debian:bookworm-slim (both
+#      images start from it);
+#   3. wheelhouses: `pip download --require-hashes` against requirements/cpu.txt and cuda.txt
+#      for CPython 3.11 manylinux x86_64, served on loopback; pip inside the build checks every
+#      hash again;
 #   4. `docker buildx build` of the cpu target with docker-bake.hcl's variables (docker/build-args.sh
 #      gives the content-addressed tag) pushes to the local registry and writes --metadata-file;
 #      ci/image-digest.py names the digest (buildx comes from Debian trixie, pinned by sha256);
 #   5. run by that digest: the image's lock is byte-identical to requirements/cpu.txt and its
-#      manifest and labels agree; `lockstep preflight --nproc 2`; a 2-rank ZeRO smoke training.
+#      manifest and labels agree; `lockstep preflight --nproc 2`; a 2-rank ZeRO smoke training;
+#   6. the cuda target, built the same way but loaded into the engine (not pushed: its ~3 GB of
+#      layers would be compressed for nothing the tier checks) and run by its image ID: lock,
+#      manifest (the minimum driver too), labels, the NVIDIA toolkit's variables; exactly one
+#      libnccl.so*; `lockstep fingerprint` reports the CUDA, cuDNN and NCCL the lock pins;
+#      `lockstep preflight --nproc 2` (gloo, no GPU here). Then that each CUDA check can fail:
+#      a lock naming another NCCL fails the fingerprint check, and a test build that plants a
+#      second libnccl.so.2 fails with one line naming both copies.
 # Where Docker cannot start, this fails loudly; it never skips.
 #
-# `ci/docker-tier.sh --prepare` does steps 1 to 3 and builds the image's first stage (its apt
-# packages) into the build cache and the registry, then stops: what waits on the network, so
+# `ci/docker-tier.sh --prepare` does steps 1 to 3 and builds the images' shared first stage (its
+# apt packages) into the build cache and the registry, then stops: what waits on the network, so
 # that `.ci/run` can do it while the tests' venv installs; the tier proper finds it all there.
 #
 # Cached between runs under $LOCKSTEP_DOCKER_CACHE (default ~/.cache/lockstep/docker): the
-# base rootfs tarball, the wheelhouse (keyed by the lock's digest), buildx, the engine's data
+# base rootfs tarball, the wheelhouses (keyed by each lock's digest), buildx, the engine's data
 # root (its build cache) and the local registry's storage. A fresh machine has none of it.
 # buildx's .deb is checked against its pinned sha256 and the binary unpacked from it on every
 # run; the rootfs tarball against the sha256 recorded when it was made, and the engine's base
@@ -51,6 +61,7 @@ BUILDX_DEB=pool/main/d/docker-buildx/docker-buildx_0.13.1+ds1-3_amd64.deb
 BUILDX_DEB_SHA256=fcf8c48204d1603c8f209451d7827eb91bf30759578baf7704e9e1a87e5f1d7f
 PYTHON=${PYTHON:-python3}
 LOCK=requirements/cpu.txt
+CUDA_LOCK=requirements/cuda.txt
 REGISTRY=127.0.0.1:${REGISTRY_PORT}
 # CPU_BASE_IMAGE / CPU_TAG / ... arrive from docker/build-args.sh; anything set outside is dropped.
 unset CPU_BASE_IMAGE CUDA_BASE_IMAGE
@@ -77,10 +88,10 @@ cleanup() {
 		# Keep this run's image (the next run's layers); drop superseded tags, whatever that
 		# leaves dangling, and BuildKit cache beyond a bound. A --prepare run leaves its tags to the tier proper.
 		[[ -n $PREPARE ]] || docker images --format '{{.Repository}}:{{.Tag}}' |
-			grep -E '(^|/)lockstep-cpu(-build|-base)?:' |
-			grep -vxF -e "${image:-none}" |
+			grep -E '(^|/)lockstep-(cpu|cuda)(-build|-base)?:' |
+			grep -vxF -e "${image:-none}" -e "${cuda_image:-none}" |
 			xargs -r docker rmi >/dev/null 2>&1
-		docker buildx prune -f --keep-storage 8gb >/dev/null 2>&1
+		docker buildx prune -f --keep-storage 24gb >/dev/null 2>&1
 		docker image prune -f >/dev/null 2>&1
 		kill "$DOCKERD_PID" 2>/dev/null
 		for _ in $(seq 60); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 1; done
@@ -162,37 +173,42 @@ docker-registry serve "$RUN_DIR/registry.yml" >"$RUN_DIR/registry.log" 2>&1 &
 BG_PIDS+=($!)
 wait_http "http://$REGISTRY/v2/" 30
 
-# ------------------------------------------------------------- 2. wheelhouse (in background)
-# pip download and debootstrap both mostly wait on the network: run them side by side.
-wheelhouse=$CACHE/wheelhouse/cpu-$(sha256sum "$LOCK" | cut -c1-16)
-make_wheelhouse() {
+# ------------------------------------------------------------ 2. wheelhouses (in background)
+# pip download and debootstrap all mostly wait on the network: run them side by side.
+wheelhouse_of() { echo "$CACHE/wheelhouse/$1-$(sha256sum "requirements/$1.txt" | cut -c1-16)"; }
+make_wheelhouse() { # VARIANT
+	local variant=$1 lock=requirements/$1.txt wheelhouse
+	wheelhouse=$(wheelhouse_of "$variant")
 	if [[ ! -f $wheelhouse/.complete ]]; then
-		platforms=()
+		local platforms=() download
 		for minor in $(seq 5 36); do platforms+=(--platform "manylinux_2_${minor}_x86_64"); done
 		download=("$PYTHON" -m pip download --disable-pip-version-check -q --no-deps --require-hashes
 			--python-version 3.11 --implementation cp --abi cp311 --abi abi3 --abi none
 			"${platforms[@]}" --platform manylinux2014_x86_64 --platform manylinux2010_x86_64
-			--platform manylinux1_x86_64 -r "$LOCK" -d "$wheelhouse.partial")
+			--platform manylinux1_x86_64 -r "$lock" -d "$wheelhouse.partial")
 		rm -rf "$wheelhouse.partial"
 		# torch's CPU build is on PyTorch's own index, not PyPI (this machine has it in find-links).
-		"${download[@]}" 2>"$RUN_DIR/pip.log" ||
-			"${download[@]}" --extra-index-url "$TORCH_CPU_INDEX" 2>>"$RUN_DIR/pip.log" || {
-			grep -v '^WARNING: Location' "$RUN_DIR/pip.log" | tail -20 >&2
-			die "pip download against $LOCK failed"
+		"${download[@]}" 2>"$RUN_DIR/pip-$variant.log" ||
+			"${download[@]}" --extra-index-url "$TORCH_CPU_INDEX" 2>>"$RUN_DIR/pip-$variant.log" || {
+			grep -v '^WARNING: Location' "$RUN_DIR/pip-$variant.log" | tail -20 >&2
+			die "pip download against $lock failed"
 		}
 		touch "$wheelhouse.partial/.complete"
 		rm -rf "$wheelhouse"
 		mv "$wheelhouse.partial" "$wheelhouse"
-		find "$CACHE/wheelhouse" -mindepth 1 -maxdepth 1 ! -name "${wheelhouse##*/}" -exec rm -rf {} +
+		find "$CACHE/wheelhouse" -mindepth 1 -maxdepth 1 -name "$variant-*" ! -name "${wheelhouse##*/}" -exec rm -rf {} +
 	else
 		echo "cached $wheelhouse"
 	fi
-	echo "$(find "$wheelhouse" -type f -name '*.*' ! -name .complete | wc -l) files, $(du -sh "$wheelhouse" | cut -f1)"
+	echo "$lock: $(find "$wheelhouse" -type f -name '*.*' ! -name .complete | wc -l) files, $(du -sh "$wheelhouse" | cut -f1)"
 }
-step "wheelhouse for $LOCK (in the background)"
-make_wheelhouse >"$RUN_DIR/wheelhouse-make.log" 2>&1 &
-WHEELHOUSE_PID=$!
-BG_PIDS+=("$WHEELHOUSE_PID")
+WHEELHOUSE_PIDS=()
+for variant in cpu cuda; do
+	step "wheelhouse for requirements/$variant.txt (in the background)"
+	make_wheelhouse "$variant" >"$RUN_DIR/wheelhouse-$variant.log" 2>&1 &
+	WHEELHOUSE_PIDS+=($!)
+	BG_PIDS+=($!)
+done
 
 # --------------------------------------------------------------------------------- 3. base
 step "base image (debootstrap bookworm minbase, docker import, push for its digest)"
@@ -236,17 +252,22 @@ base_digest=$(docker push "$base_name" | sed -n 's/.*digest: \(sha256:[0-9a-f]\{
 export CPU_BASE_IMAGE=$base_name@$base_digest
 echo "CPU_BASE_IMAGE=$CPU_BASE_IMAGE"
 
-step "wheelhouse ready?"
-wait "$WHEELHOUSE_PID" || {
-	cat "$RUN_DIR/wheelhouse-make.log" >&2
-	die "the wheelhouse could not be made"
-}
-cat "$RUN_DIR/wheelhouse-make.log"
+step "wheelhouses ready?"
+for i in 0 1; do
+	variant=$([[ $i == 0 ]] && echo cpu || echo cuda)
+	wait "${WHEELHOUSE_PIDS[$i]}" || {
+		cat "$RUN_DIR/wheelhouse-$variant.log" >&2
+		die "the $variant wheelhouse could not be made"
+	}
+	cat "$RUN_DIR/wheelhouse-$variant.log"
+done
 port_free "$WHEELHOUSE_PORT" || die "port $WHEELHOUSE_PORT is taken: set LOCKSTEP_WHEELHOUSE_PORT"
-"$PYTHON" -m http.server --bind 127.0.0.1 --directory "$wheelhouse" "$WHEELHOUSE_PORT" \
+# One server for both; each build's pip gets its own wheelhouse's folder as find-links.
+wheel_links() { echo "http://127.0.0.1:$WHEELHOUSE_PORT/$(basename "$(wheelhouse_of "$1")")/"; }
+"$PYTHON" -m http.server --bind 127.0.0.1 --directory "$CACHE/wheelhouse" "$WHEELHOUSE_PORT" \
 	>"$RUN_DIR/wheelhouse.log" 2>&1 &
 BG_PIDS+=($!)
-wait_http "http://127.0.0.1:$WHEELHOUSE_PORT/" 30
+wait_http "$(wheel_links cpu)" 30
 
 # -------------------------------------------------------------------------------- 4. build
 # buildx, as for a real registry: BuildKit (the engine's own, through buildx's docker driver)
@@ -288,6 +309,7 @@ set -a
 source <(docker/build-args.sh)
 set +a
 image=$REGISTRY/lockstep-cpu:$CPU_TAG
+cuda_image=$REGISTRY/lockstep-cuda:$CUDA_TAG
 step "docker buildx bake --print: docker/docker-bake.hcl resolves to the build below"
 REGISTRY=$REGISTRY/ docker buildx bake -f docker/docker-bake.hcl --print cpu cuda \
 	>"$RUN_DIR/bake-print.json" 2>"$RUN_DIR/bake-print.log" || {
@@ -295,18 +317,19 @@ REGISTRY=$REGISTRY/ docker buildx bake -f docker/docker-bake.hcl --print cpu cud
 	die "docker buildx bake cannot read docker/docker-bake.hcl"
 }
 tier_py bake "$RUN_DIR/bake-print.json" --image "$image" --base-image "$CPU_BASE_IMAGE" \
-	--lock-sha256 "$CPU_LOCK_SHA256" --cuda-tag "$CUDA_TAG" ||
+	--lock-sha256 "$CPU_LOCK_SHA256" --cuda-image "$cuda_image" \
+	--cuda-lock-sha256 "$CUDA_LOCK_SHA256" ||
 	die "docker-bake.hcl disagrees with the tier's build"
 if [[ -n $PREPARE ]]; then
 	# Pushed too: the tier's push then mounts that layer (about 0.5 GB) instead of compressing it.
-	step "docker buildx build, the cpu-base stage (apt packages), pushed"
+	step "docker buildx build, the cpu-base stage (apt packages, both images'), pushed"
 	docker buildx build --progress plain --network host -f docker/Dockerfile --target cpu-base \
 		--platform linux/amd64 --build-arg CPU_BASE_IMAGE -t "$REGISTRY/lockstep-cpu-base:$CPU_TAG" \
 		--push . >"$CACHE/last-prepare.log" 2>&1 || {
 		tail -20 "$CACHE/last-prepare.log" >&2
 		die "docker buildx build --target cpu-base failed (log: $CACHE/last-prepare.log)"
 	}
-	step "prepared: engine, base image, wheelhouse, buildx and the cpu-base stage"
+	step "prepared: engine, base image, wheelhouses, buildx and the cpu-base stage"
 	exit 0
 fi
 step "docker buildx build, the cpu target ($image)"
@@ -319,7 +342,7 @@ docker buildx build --progress plain --network host -f docker/Dockerfile --targe
 	--build-arg CPU_BASE_IMAGE --build-arg CPU_BASE_DIGEST \
 	--build-arg LOCK_SHA256="$CPU_LOCK_SHA256" --build-arg LOCKSTEP_IMAGE="$image" \
 	--build-arg GIT_REVISION --build-arg BUILD_TIME \
-	--build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS="http://127.0.0.1:$WHEELHOUSE_PORT/" \
+	--build-arg PIP_NO_INDEX=1 --build-arg PIP_FIND_LINKS="$(wheel_links cpu)" \
 	. >>"$CACHE/last-build.log" 2>&1 || {
 	tail -40 "$CACHE/last-build.log" >&2
 	die "docker buildx build --target cpu failed (log: $CACHE/last-build.log)"
@@ -353,4 +376,8 @@ step "lockstep train $SMOKE_CONFIG --nproc 2 (ZeRO smoke, in the image)"
 [[ -f $SMOKE_CONFIG ]] || die "$SMOKE_CONFIG is missing: set LOCKSTEP_DOCKER_SMOKE"
 in_image -v "$ROOT/smoke:/home/lockstep/smoke:ro" "$ref" \
 	lockstep train "$SMOKE_CONFIG" --nproc 2
+
+# ----------------------------------------------------------------------- 6. the CUDA image
+# shellcheck source=ci/docker-tier-cuda.sh
+source ci/docker-tier-cuda.sh
 step "docker tier passed"

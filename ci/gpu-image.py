@@ -9,6 +9,9 @@ job. The tag is the one `docker/build-args.sh` computes (tests/test_gpu_image.py
 equal), so a pull request cannot choose the image by editing a script.
 
     python3 -I main/ci/gpu-image.py tag pr/                 # -> CUDA_TAG=env-<16 hex>
+    python3 -I main/ci/gpu-image.py tag pr/ --owner OWNER   # and manifest=<JSON>: what the
+        # image's /etc/lockstep/image-manifest.json must say (its name, base and lock digest),
+        # which the GPU job compares with the manifest of the image it runs in
     python3 -I main/ci/gpu-image.py verify --image REF --repo OWNER/REPO --attestation FILE
 
 `verify` refuses a reference that is not ghcr.io/<owner>/lockstep-cuda@sha256:<64 hex>, and
@@ -40,7 +43,8 @@ IMAGE_FILES = (
     "docker/lock-parts.py",
     "docker/deepspeed-build.env",
 )
-BASE_KEYS = ("CPU_BASE_IMAGE", "CUDA_BASE_IMAGE")
+# One base for both images (docker/base.lock): the CUDA image's libraries are all lock wheels.
+BASE_KEYS = ("CPU_BASE_IMAGE",)
 # NAME[:TAG]@sha256:<64 hex>, registry and path in the characters a reference may hold.
 PINNED_REFERENCE = re.compile(
     r"[a-z0-9][a-z0-9._/-]*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?@sha256:[0-9a-f]{64}"
@@ -141,12 +145,27 @@ def read_key_values(tree: Path, name: str, keys: tuple[str, ...]) -> dict[str, s
 
 def image_tag(tree: Path, variant: str = "cuda") -> str:
     """env-<16 hex> as build-args.sh: sha256 of `sha256sum LOCK FILES...` then the base line."""
-    base = read_key_values(tree, "docker/base.lock", BASE_KEYS)[f"{variant.upper()}_BASE_IMAGE"]
+    base = read_key_values(tree, "docker/base.lock", BASE_KEYS)["CPU_BASE_IMAGE"]
     listing = "".join(
         f"{hashlib.sha256(read_checkout_file(tree, name)).hexdigest()}  {name}\n"
         for name in (f"requirements/{variant}.txt", *IMAGE_FILES)
     )
     return "env-" + hashlib.sha256(f"{listing}{base}\n".encode()).hexdigest()[:16]
+
+
+def expected_manifest(tree: Path, owner: str) -> dict:
+    """The keys of the CUDA image's manifest that its inputs fix (docker/write-manifest.py
+    writes them from the same files): its name and tag, its base, and its lock's digest."""
+    if not OWNER.fullmatch(owner):
+        raise BadInput(f"owner {owner!r} is not a lower-case GitHub owner name")
+    base = read_key_values(tree, "docker/base.lock", BASE_KEYS)["CPU_BASE_IMAGE"]
+    lock = read_checkout_file(tree, "requirements/cuda.txt")
+    return {
+        "image": f"ghcr.io/{owner}/lockstep-cuda:{image_tag(tree)}",
+        "base_image": base,
+        "base_digest": base.rsplit("@", 1)[1],
+        "locks": {"cuda.txt": "sha256:" + hashlib.sha256(lock).hexdigest()},
+    }
 
 
 def check_reference(image: str, owner: str) -> str:
@@ -215,6 +234,7 @@ def main(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     tag = sub.add_parser("tag", help="CUDA_TAG of a checkout, read as data")
     tag.add_argument("tree", type=Path)
+    tag.add_argument("--owner", help="also print manifest=<JSON> for ghcr.io/OWNER's image")
     verify = sub.add_parser("verify", help="the image reference and its build attestation")
     verify.add_argument("--image", required=True)
     verify.add_argument("--repo", required=True, help="OWNER/REPO (GITHUB_REPOSITORY)")
@@ -223,6 +243,9 @@ def main(argv: list[str]) -> int:
     try:
         if args.command == "tag":
             print(f"CUDA_TAG={image_tag(args.tree)}")
+            if args.owner is not None:
+                expected = expected_manifest(args.tree, args.owner)
+                print(f"manifest={json.dumps(expected, sort_keys=True, separators=(',', ':'))}")
             return 0
         try:
             document = json.loads(args.attestation.read_text(encoding="utf-8"))

@@ -6,7 +6,9 @@
 #   python3 ci/image-digest.py out/bake.json cuda    # the NAME@sha256:... every node runs
 #
 # docker/build-args.sh computes every variable below (the tags hash the lock, docker/ and the
-# base reference); an unset tag or base makes bake or the build fail rather than guess.
+# base reference); an unset tag or base makes bake or the build fail rather than guess. Both
+# targets start from the one base of docker/base.lock (CPU_BASE_IMAGE); linux/amd64 only (the
+# CUDA lock's nvidia-* wheels are x86_64 builds).
 
 variable "REGISTRY" {
   # Prefix of pushed names, with its trailing slash ("" builds local names only).
@@ -16,8 +18,6 @@ variable "CPU_TAG" { default = "" }
 variable "CUDA_TAG" { default = "" }
 variable "CPU_BASE_IMAGE" { default = "" }
 variable "CPU_BASE_DIGEST" { default = "" }
-variable "CUDA_BASE_IMAGE" { default = "" }
-variable "CUDA_BASE_DIGEST" { default = "" }
 variable "CPU_LOCK_SHA256" { default = "" }
 variable "CUDA_LOCK_SHA256" { default = "" }
 variable "GIT_REVISION" { default = "unknown" }
@@ -54,9 +54,9 @@ target "cuda" {
   target   = "cuda"
   tags     = ["${REGISTRY}lockstep-cuda:${CUDA_TAG}"]
   args = {
-    CUDA_BASE_IMAGE  = CUDA_BASE_IMAGE
-    CUDA_BASE_DIGEST = CUDA_BASE_DIGEST
-    LOCK_SHA256      = CUDA_LOCK_SHA256
-    LOCKSTEP_IMAGE   = "${REGISTRY}lockstep-cuda:${CUDA_TAG}"
+    CPU_BASE_IMAGE  = CPU_BASE_IMAGE
+    CPU_BASE_DIGEST = CPU_BASE_DIGEST
+    LOCK_SHA256     = CUDA_LOCK_SHA256
+    LOCKSTEP_IMAGE  = "${REGISTRY}lockstep-cuda:${CUDA_TAG}"
   }
 }

@@ -18,6 +18,30 @@ SCHEMA = 1
 PINNED = re.compile(r"^(?P<name>[^@\s]+)@(?P<digest>sha256:[0-9a-f]{64})$")
 
 
+# The oldest Linux driver of each CUDA major: CUDA's release notes (table 3, "CUDA Toolkit and
+# Corresponding Driver Versions"), the GA release's driver; with CUDA's minor version
+# compatibility every X.Y of that major runs on it. A CUDA major missing here fails the build.
+MIN_DRIVER = {"12": "525.60.13", "13": "580.65.06"}
+CUDA_RUNTIME = re.compile(r"^nvidia-cuda-runtime(?:-cu\d+)?==([0-9][^\s;\\]*)", re.MULTILINE)
+
+
+def cuda_section(locks: list[Path]) -> dict | None:
+    """{"runtime", "min_driver"} of the lock pinning nvidia-cuda-runtime; None on CPU."""
+    versions = {m[1] for path in locks for m in CUDA_RUNTIME.finditer(path.read_text())}
+    if not versions:
+        return None
+    if len(versions) > 1:
+        raise SystemExit(f"write-manifest: the locks pin several CUDA runtimes: {sorted(versions)}")
+    (runtime,) = versions
+    major = runtime.split(".")[0]
+    if major not in MIN_DRIVER:
+        raise SystemExit(
+            f"write-manifest: no minimum driver known for CUDA {runtime}; add CUDA {major}'s to "
+            "MIN_DRIVER in docker/write-manifest.py (CUDA's release notes)"
+        )
+    return {"runtime": runtime, "min_driver": MIN_DRIVER[major]}
+
+
 def file_digest(path: Path) -> str:
     return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -62,7 +86,7 @@ def manifest(
             f"write-manifest: lock digest {sorted(digests.values())} differs from the build "
             f"argument {expect_lock_sha256}; recompute it from requirements/ (docker/build-args.sh)"
         )
-    return {
+    out = {
         "schema": SCHEMA,
         "image": image,
         "base_image": base_image,
@@ -71,6 +95,10 @@ def manifest(
         "git_revision": git_revision,
         "build_time": build_time,
     }
+    cuda = cuda_section(locks)
+    if cuda:
+        out["cuda"] = cuda
+    return out
 
 
 def build_manifest(args: argparse.Namespace) -> dict:

@@ -56,13 +56,51 @@ def test_the_tag_is_build_args_tag_for_the_same_files(tmp_path):
     assert run("tag", str(root)).stdout == f"CUDA_TAG={moved}\n"
 
 
+def test_the_manifest_the_gpu_job_expects_is_write_manifests_for_the_same_files(tmp_path):
+    """gpu.yml's runner check compares these keys with the running image's manifest: they are
+    what docker/write-manifest.py writes from the files the tag hashes, for ghcr.io/OWNER."""
+    root = tree(tmp_path / "pr")
+    result = run("tag", str(root), "--owner", "acme")
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split("=", 1) for line in result.stdout.splitlines())
+    assert lines["CUDA_TAG"] == build_args_tag(root)
+    expected = json.loads(lines["manifest"])
+    args = dict(
+        line.split("=", 1)
+        for line in subprocess.run(
+            ["bash", str(root / "docker" / "build-args.sh")],
+            capture_output=True, text=True, check=True, env={"PATH": "/usr/bin:/bin"},
+        ).stdout.splitlines()
+    )  # fmt: skip
+    out = tmp_path / "manifest.json"
+    subprocess.run(
+        [
+            sys.executable, str(ROOT / "docker" / "write-manifest.py"),
+            f"--image=ghcr.io/acme/lockstep-cuda:{args['CUDA_TAG']}",
+            f"--base-image={args['CPU_BASE_IMAGE']}", f"--base-digest={args['CPU_BASE_DIGEST']}",
+            f"--lock={root / 'requirements' / 'cuda.txt'}", "--git-revision=x",
+            "--build-time=y", f"--out={out}",
+        ],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    written = json.loads(out.read_text())
+    assert expected == {key: written[key] for key in expected}
+    assert set(expected) == {"image", "base_image", "base_digest", "locks"}
+    # Another lock is another manifest; a bad owner is bad input (exit 2), one line.
+    (root / "requirements" / "cuda.txt").write_text("torch==0.0\n")
+    moved = json.loads(run("tag", str(root), "--owner", "acme").stdout.split("manifest=", 1)[1])
+    assert moved["locks"] != expected["locks"] and moved["image"] != expected["image"]
+    bad = run("tag", str(root), "--owner", "Not An Owner")
+    assert bad.returncode == 2 and bad.stderr.startswith("gpu-image: error: owner")
+
+
 def test_a_base_lock_that_runs_a_command_when_sourced_is_refused_unrun(tmp_path):
     root = tree(tmp_path)
     planted = tmp_path / "pwned"
     lock = root / "docker" / "base.lock"
     lines = lock.read_text().splitlines()
     lines = [
-        f"CUDA_BASE_IMAGE=x@sha256:1;touch {planted}" if x.startswith("CUDA_BASE") else x
+        f"CPU_BASE_IMAGE=x@sha256:1;touch {planted}" if x.startswith("CPU_BASE") else x
         for x in lines
     ]
     lock.write_text("\n".join(lines) + "\n")
@@ -77,7 +115,7 @@ def test_a_base_lock_that_runs_a_command_when_sourced_is_refused_unrun(tmp_path)
     planted.unlink()
     result = run("tag", str(root))
     assert result.returncode == 1 and not planted.exists()
-    assert "base.lock:" in result.stderr and "CUDA_BASE_IMAGE=x@sha256:1;touch" in result.stderr
+    assert "base.lock:" in result.stderr and "CPU_BASE_IMAGE=x@sha256:1;touch" in result.stderr
     assert len(result.stderr.splitlines()) == 1
 
 
@@ -106,7 +144,7 @@ def run_bounded(*args: str) -> subprocess.CompletedProcess:
 def test_a_file_of_the_commit_that_is_a_symlink_is_refused_unread(tmp_path, name):
     root = tree(tmp_path / "pr")
     secret = tmp_path / "host-file"
-    secret.write_text("CUDA_BASE_IMAGE=host-secret-" + "s" * 80 + "\n")
+    secret.write_text("CPU_BASE_IMAGE=host-secret-" + "s" * 80 + "\n")
     (root / name).unlink()
     (root / name).symlink_to(secret)
     result = run_bounded("tag", str(root))
@@ -158,11 +196,13 @@ def test_a_file_over_the_bound_is_refused_unread(tmp_path):
 @pytest.mark.parametrize(
     "line",
     [
-        'CUDA_BASE_IMAGE="nvidia/cuda:1@sha256:' + "0" * 64 + '"',
-        "export CUDA_BASE_IMAGE=nvidia/cuda:1@sha256:" + "0" * 64,
+        'CPU_BASE_IMAGE="debian:1@sha256:' + "0" * 64 + '"',
+        "export CPU_BASE_IMAGE=debian:1@sha256:" + "0" * 64,
         "PATH=/tmp@sha256:" + "0" * 64,
-        "CUDA_BASE_IMAGE=$(id)@sha256:" + "0" * 64,
+        "CPU_BASE_IMAGE=$(id)@sha256:" + "0" * 64,
         "CPU_BASE_IMAGE=debian:1@sha256:" + "1" * 64,  # a second CPU line
+        # the nvidia/cuda base is gone: both images start from CPU_BASE_IMAGE
+        "CUDA_BASE_IMAGE=nvidia/cuda:1@sha256:" + "0" * 64,
     ],
 )
 def test_the_reader_takes_nothing_but_known_pinned_keys(tmp_path, line):

@@ -1,4 +1,4 @@
-"""ci/docker-tier.py, the Python steps of the CPU docker tier, run for real without an engine.
+"""ci/docker-tier.py, the Python steps of the docker tier, run for real without an engine.
 
 Inputs are real: data/bake-print.json is what `docker buildx bake --print cpu cuda` (buildx
 0.13.1, Debian's, the tier's) printed for docker/docker-bake.hcl with build-args.sh's variables;
@@ -86,7 +86,8 @@ def bake_args(printed: dict, **change: str) -> list[str]:
         "--image": cpu["tags"][0],
         "--base-image": cpu["args"]["CPU_BASE_IMAGE"],
         "--lock-sha256": cpu["args"]["LOCK_SHA256"],
-        "--cuda-tag": cuda["tags"][0].rsplit(":", 1)[1],
+        "--cuda-image": cuda["tags"][0],
+        "--cuda-lock-sha256": cuda["args"]["LOCK_SHA256"],
     }
     args.update({f"--{k.replace('_', '-')}": v for k, v in change.items()})
     return [part for pair in args.items() for part in pair]
@@ -101,17 +102,25 @@ def test_bake_matches_the_tier_build_and_names_any_difference(tmp_path):
         f"cuda -> {printed['target']['cuda']['tags'][0]}\n"
     )
     for change, key in (
-        ({"image": "127.0.0.1:5099/lockstep-cpu:env-0000000000000000"}, "'tags'"),
-        ({"base_image": "debian:bookworm-slim@sha256:" + "0" * 64}, "args.CPU_BASE_IMAGE"),
-        ({"lock_sha256": "sha256:" + "0" * 64}, "args.LOCK_SHA256"),
-        ({"cuda_tag": "env-0000000000000000"}, "cuda.tags"),
+        ({"image": "127.0.0.1:5099/lockstep-cpu:env-0000000000000000"}, "'cpu.tags'"),
+        ({"base_image": "debian:bookworm-slim@sha256:" + "0" * 64}, "'cpu.args.CPU_BASE_IMAGE'"),
+        ({"lock_sha256": "sha256:" + "0" * 64}, "'cpu.args.LOCK_SHA256'"),
+        ({"cuda_image": "127.0.0.1:5099/lockstep-cuda:env-0000000000000000"}, "cuda.tags"),
+        ({"cuda_lock_sha256": "sha256:" + "0" * 64}, "cuda.args.LOCK_SHA256"),
     ):
         assert failed(run("bake", str(BAKE), *bake_args(printed, **change)), key), change
     # A bake file whose cpu target builds another stage, or no cuda target at all.
     other = json.loads(BAKE.read_text())
     other["target"]["cpu"]["target"] = "cpu-build"
     (tmp_path / "other.json").write_text(json.dumps(other))
-    assert failed(run("bake", str(tmp_path / "other.json"), *bake_args(printed)), "'target'")
+    assert failed(run("bake", str(tmp_path / "other.json"), *bake_args(printed)), "'cpu.target'")
+    # Both images start from the one base of docker/base.lock, for linux/amd64 alone.
+    other = json.loads(BAKE.read_text())
+    other["target"]["cuda"]["args"]["CPU_BASE_IMAGE"] = "nvidia/cuda:13@sha256:" + "0" * 64
+    other["target"]["cuda"]["platforms"].append("linux/arm64")
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    result = run("bake", str(tmp_path / "other.json"), *bake_args(printed))
+    assert failed(result, "'cuda.platforms'") and "'cuda.args.CPU_BASE_IMAGE'" in result.stderr
     del other["target"]["cuda"]
     (tmp_path / "other.json").write_text(json.dumps(other))
     assert failed(run("bake", str(tmp_path / "other.json"), *bake_args(printed)), "'cuda'")
@@ -205,3 +214,70 @@ def test_identity_fails_on_a_label_a_lock_or_a_key_that_differs(tmp_path):
 
     unpinned = {**inputs, "base_image": "debian:bookworm-slim"}
     assert failed(identity(tmp_path, unpinned), "not pinned by digest")
+
+
+# What `lockstep fingerprint --lock /etc/lockstep/requirements/cuda.txt --json` wrote inside the
+# CUDA image the tier built from requirements/cuda.txt (its torch and lock sections; the tier
+# keeps the whole file as $LOCKSTEP_DOCKER_CACHE/last-cuda-fingerprint.json: copy those two
+# sections here again when the lock's CUDA, cuDNN or NCCL pins change).
+CUDA_FINGERPRINT = Path(__file__).parent / "data" / "cuda-fingerprint.json"
+CUDA_LOCK = ROOT / "requirements" / "cuda.txt"
+
+
+def cuda_stack(tmp_path: Path, fingerprint: dict, lock_text: str) -> subprocess.CompletedProcess:
+    (tmp_path / "fp.json").write_text(json.dumps(fingerprint))
+    (tmp_path / "cuda.txt").write_text(lock_text)
+    return run("cuda-stack", str(tmp_path / "fp.json"), "--lock", str(tmp_path / "cuda.txt"))
+
+
+def test_cuda_stack_passes_the_images_own_fingerprint_against_its_lock(tmp_path):
+    fingerprint = json.loads(CUDA_FINGERPRINT.read_text())
+    result = cuda_stack(tmp_path, fingerprint, CUDA_LOCK.read_text())
+    assert result.returncode == 0, result.stderr
+    torch = fingerprint["sections"]["torch"]
+    assert torch["nccl"] and torch["cuda"] and torch["cudnn"]  # read in the image, no GPU
+    assert result.stdout.startswith(f"CUDA {torch['cuda']}, cuDNN ")
+
+
+def test_cuda_stack_fails_on_a_lock_naming_another_nccl_cudnn_or_cuda(tmp_path):
+    fingerprint = json.loads(CUDA_FINGERPRINT.read_text())
+    lock = CUDA_LOCK.read_text()
+    for wheel, label in (
+        ("nvidia-nccl-cu13", "NCCL"),
+        ("nvidia-cudnn-cu13", "cuDNN"),
+        ("nvidia-cuda-runtime", "CUDA"),
+    ):
+        other = re.sub(rf"^{wheel}==\S+", f"{wheel}==1.2.3", lock, flags=re.M)
+        assert other != lock
+        # lockstep's own comparison (in the image) saw it too: the tier checks both agree
+        own = json.loads(json.dumps(fingerprint))
+        own["sections"]["packages"]["lock"]["cuda_stack"]["matches"] = False
+        result = cuda_stack(tmp_path, own, other)
+        assert failed(result, f"differs from {tmp_path / 'cuda.txt'}: {label} "), result.stderr
+        assert f"locked ({wheel}==1.2.3)" in result.stderr
+        # and where lockstep's own comparison missed it, the tier says so
+        missed = cuda_stack(tmp_path, fingerprint, other)
+        assert failed(missed, "lockstep's fingerprint missed a CUDA stack difference")
+
+
+def test_cuda_stack_fails_on_a_cpu_torch_or_a_lock_lockstep_says_differs(tmp_path):
+    fingerprint = json.loads(CUDA_FINGERPRINT.read_text())
+    cpu = json.loads(json.dumps(fingerprint))
+    cpu["sections"]["torch"].update(cuda=None, cudnn=None, nccl=None)
+    cpu["sections"]["packages"]["lock"]["cuda_stack"]["matches"] = False
+    assert failed(cuda_stack(tmp_path, cpu, CUDA_LOCK.read_text()), "CUDA None built")
+    extra = json.loads(json.dumps(fingerprint))
+    extra["sections"]["packages"]["lock"].update(matches=False, extra={"pkg": "1"})
+    assert failed(cuda_stack(tmp_path, extra, CUDA_LOCK.read_text()), "says the image differs")
+
+
+def test_cuda_config_wants_the_toolkit_variables_and_a_user(tmp_path):
+    env = ["PATH=/opt/lockstep/venv/bin:/usr/bin", "NVIDIA_VISIBLE_DEVICES=all"]
+    config = {"User": "10001:10001", "Env": [*env, "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert run("cuda-config", str(path)).returncode == 0
+    path.write_text(json.dumps({**config, "Env": env}))
+    assert failed(run("cuda-config", str(path)), "NVIDIA_DRIVER_CAPABILITIES=compute,utility")
+    path.write_text(json.dumps({**config, "User": ""}))
+    assert failed(run("cuda-config", str(path)), "user 'root'")

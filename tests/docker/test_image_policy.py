@@ -1,4 +1,4 @@
-"""Static policy of the locked images; runs without Docker (the CPU docker tier builds them).
+"""Static policy of the locked images; runs without Docker (the docker tier builds both).
 
 Pins: every FROM is a build stage or a base pinned by digest through a build argument whose
 default is a docker/base.lock line. Locks: each image installs requirements/<variant>.txt,
@@ -63,13 +63,13 @@ def stages() -> dict[str, list[tuple[str, str]]]:
     return out
 
 
-def test_base_lock_pins_every_base_by_digest():
+def test_base_lock_pins_the_one_base_by_digest():
     lock = base_lock()
-    assert set(lock) == {"CPU_BASE_IMAGE", "CUDA_BASE_IMAGE"}
+    # One base for both images: every CUDA library is a wheel of requirements/cuda.txt.
+    assert set(lock) == {"CPU_BASE_IMAGE"}
     for name, ref in lock.items():
         assert PINNED.match(ref), f"{name}={ref} is not tag@sha256:<64 hex>"
-    assert lock["CUDA_BASE_IMAGE"].startswith("nvidia/cuda:")
-    assert "cudnn" in lock["CUDA_BASE_IMAGE"] and "ubuntu" in lock["CUDA_BASE_IMAGE"]
+    assert lock["CPU_BASE_IMAGE"].startswith("debian:bookworm-slim@")
 
 
 def test_dockerfile_base_defaults_are_the_base_lock_lines():
@@ -183,20 +183,28 @@ def test_installer_splits_the_lock_into_tools_the_rest_and_the_sdist(tmp_path, v
     assert sorted(names["without-sdist"] + names["sdist"]) == sorted(pins)
 
 
-def test_cuda_image_keeps_exactly_one_nccl():
-    cuda_base = " ".join(rest for _, rest in stages()["cuda-base"])
-    assert "apt-get purge" in cuda_base and "libnccl*" in cuda_base
+def test_cuda_image_starts_from_the_cpu_base_and_keeps_exactly_one_nccl():
+    # The CPU image's apt layer (no system CUDA, no system NCCL), then the lock's wheels.
+    for stage in ("cuda-build", "cuda-manifest"):
+        assert stages()[stage][0] == ("FROM", f"cpu-base AS {stage}")
     assert "check-one-nccl.sh" in " ".join(rest for _, rest in stages()["cuda-build"])
     cpu = " ".join(
         rest for name, body in stages().items() if name.startswith("cpu") for _, rest in body
     )
-    assert "nccl" not in cpu.lower()
+    assert "nccl" not in cpu.lower() and "cuda" not in cpu.lower()
+    checker = DOCKER.joinpath("check-one-nccl.sh").read_text()
+    assert "find / -xdev" in checker and "exit 1" in checker
+    # What the NVIDIA container toolkit reads to mount the driver (libcuda, NVML, nvidia-smi).
+    env = " ".join(rest for ins, rest in stages()["cuda"] if ins == "ENV")
+    assert "NVIDIA_VISIBLE_DEVICES=all" in env.split()
+    assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in env.split()
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_final_stage_labels_and_non_root_user(variant):
     final = stages()[variant]
     labels = " ".join(rest for instruction, rest in final if instruction == "LABEL")
+    assert 'org.opencontainers.image.base.name="${CPU_BASE_IMAGE}"' in labels
     for key in (
         "org.opencontainers.image.revision",
         "org.opencontainers.image.created",
@@ -286,10 +294,11 @@ def test_bake_tags_come_from_the_content_hash():
 
 
 def _write_manifest(
-    tmp_path: Path, *extra: str, base: str | None = None
+    tmp_path: Path, *extra: str, base: str | None = None, variant: str = "cpu"
 ) -> subprocess.CompletedProcess:
-    lock = tmp_path / "cpu.txt"
-    lock.write_bytes((ROOT / "requirements" / "cpu.txt").read_bytes())
+    lock = tmp_path / f"{variant}.txt"
+    if not lock.exists():  # a test may have changed it
+        lock.write_bytes((ROOT / "requirements" / f"{variant}.txt").read_bytes())
     digest = "sha256:" + "a" * 64
     return subprocess.run(
         [
@@ -325,6 +334,24 @@ def test_manifest_has_the_fingerprint_keys(tmp_path):
         "git_revision": "abc123",
         "build_time": "2026-01-01T00:00:00Z",
     }
+
+
+def test_cuda_manifest_names_the_runtime_and_its_minimum_driver(tmp_path):
+    result = _write_manifest(tmp_path, variant="cuda")
+    assert result.returncode == 0, result.stderr
+    manifest = json.loads((tmp_path / "image-manifest.json").read_text())
+    runtime = re.search(
+        r"^nvidia-cuda-runtime==(\S+)", (ROOT / "requirements" / "cuda.txt").read_text(), re.M
+    )[1]
+    assert runtime.startswith("13.")
+    assert manifest["cuda"] == {"runtime": runtime, "min_driver": "580.65.06"}
+    # A CUDA major with no known driver stops the build instead of guessing.
+    lock = tmp_path / "cuda.txt"
+    lock.write_text(
+        lock.read_text().replace(f"nvidia-cuda-runtime=={runtime}", "nvidia-cuda-runtime==99.0.1")
+    )
+    result = _write_manifest(tmp_path, variant="cuda")
+    assert result.returncode != 0 and "no minimum driver known for CUDA 99.0.1" in result.stderr
 
 
 def test_manifest_refuses_unpinned_base_and_mismatched_digests(tmp_path):

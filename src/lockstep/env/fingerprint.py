@@ -20,7 +20,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from lockstep import compat
+from lockstep.env import cuda_stack, image_manifest
 from lockstep.env.lockfile import canonicalize_name, compare_lock, find_lock
 from lockstep.errors import UsageError
 from lockstep.launch.detect import LAUNCHER_VARIABLES
@@ -40,7 +40,6 @@ SECTIONS = (
 )
 ENV_PREFIXES = ("NCCL_", "CUDA_", "TORCH_", "PYTORCH_", "GLOO_", "OMP_", "MKL_", "CUBLAS_")
 ENV_NAMES = ("LD_LIBRARY_PATH", "PYTHONHASHSEED", *LAUNCHER_VARIABLES)
-MANIFEST_PATH = "/etc/lockstep/image-manifest.json"
 _MAPPED_LIBS = ("libnccl", "libcudnn", "libcudart")
 
 
@@ -57,12 +56,13 @@ def collect(lock: Path | None = None, cwd: Path | None = None) -> dict:
     import torch
 
     cwd = cwd or Path.cwd()
+    torch_section = _torch(torch)
     sections = {
         "python": _python(),
         "system": _system(),
-        "torch": _torch(torch),
+        "torch": torch_section,
         "gpus": _gpus(torch),
-        "packages": packages_section(lock, cwd, torch.__version__),
+        "packages": packages_section(lock, cwd, torch.__version__, cuda_stack.built(torch_section)),
         "container": _container(),
         "env": _env(),
         "determinism": _determinism(torch),
@@ -139,9 +139,8 @@ def _cpu_model() -> str | None:
 
 
 def _torch(torch) -> dict:
-    nccl = None
-    if torch.cuda.is_available() and compat.nccl_in_build(torch):
-        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    # NCCL's and cuDNN's versions are those of the loaded libraries: no GPU needed
+    nccl = cuda_stack.nccl_version(torch)
     return {
         "version": torch.__version__,
         "git_version": torch.version.git_version,
@@ -269,8 +268,11 @@ def _uuid(value: str) -> str | None:
     return value.removeprefix("GPU-") or None
 
 
-def packages_section(lock: Path | None, cwd: Path, torch_version: str) -> dict:
-    """The `packages` section: installed distributions, and the lock compared with them."""
+def packages_section(
+    lock: Path | None, cwd: Path, torch_version: str, stack: dict | None = None
+) -> dict:
+    """The `packages` section: installed distributions, and the lock compared with them (and
+    with `stack`, torch's CUDA, cuDNN and NCCL: cuda_stack.built)."""
     installed: dict[str, str] = {}
     shadowed: dict[str, list[str]] = {}
     editable: dict[str, str | None] = {}
@@ -299,7 +301,7 @@ def packages_section(lock: Path | None, cwd: Path, torch_version: str) -> dict:
         "editable": editable,
         "vcs": vcs,
         "shadowed": shadowed,
-        "lock": compare_lock(lock, installed) if lock else None,
+        "lock": compare_lock(lock, installed, stack) if lock else None,
     }
 
 
@@ -363,8 +365,7 @@ def _container() -> dict:
         ),
         None,
     )
-    path = Path(os.environ.get("LOCKSTEP_IMAGE_MANIFEST", MANIFEST_PATH))
-    manifest = _manifest(path)
+    manifest = image_manifest.read()
     return {
         "in_container": runtime is not None,
         "runtime": runtime,
@@ -372,24 +373,6 @@ def _container() -> dict:
         "image_identity": digest(manifest) if manifest else "unknown",
         "manifest": manifest,
     }
-
-
-def _manifest(path: Path) -> dict | None:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    except OSError as err:
-        raise UsageError(f"cannot read image manifest {path}: {err.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise UsageError(
-            f"image manifest {path} is not JSON ({err.msg}); rebuild the image"
-        ) from None
-    if not isinstance(data, dict) or data.get("schema") != 1:
-        raise UsageError(f"image manifest {path} is not schema 1; rebuild the image")
-    return data
 
 
 def _env() -> dict:

@@ -12,6 +12,7 @@ import hashlib
 import re
 from pathlib import Path
 
+from lockstep.env import cuda_stack
 from lockstep.errors import UsageError
 from lockstep.inputs import read_text
 
@@ -68,8 +69,11 @@ def _torch_local(path: Path) -> str | None:
     return match[1].partition("+")[2] if match else None
 
 
-def compare_lock(path: Path, installed: dict[str, str]) -> dict[str, object]:
-    """Extra, missing and different packages of `installed` against the lock at `path`."""
+def compare_lock(
+    path: Path, installed: dict[str, str], stack: dict[str, str | None] | None = None
+) -> dict[str, object]:
+    """Extra, missing and different packages of `installed` against the lock at `path`; with
+    `stack` (cuda_stack.built), also torch's CUDA, cuDNN and NCCL against the lock's wheels."""
     pins = parse_lock(path)
     have = {name: v for name, v in installed.items() if name not in NOT_LOCKED}
     extra = {name: have[name] for name in sorted(have.keys() - pins.keys())}
@@ -79,13 +83,16 @@ def compare_lock(path: Path, installed: dict[str, str]) -> dict[str, object]:
         for name in sorted(have.keys() & pins.keys())
         if not _same_version(have[name], pins[name])
     }
+    stack_result = cuda_stack.compare(stack, pins) if stack is not None else None
     return {
         "path": str(path),
         "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
-        "matches": not (extra or missing or different),
+        "matches": not (extra or missing or different)
+        and (stack_result is None or stack_result["matches"]),
         "extra": extra,
         "missing": missing,
         "different": different,
+        "cuda_stack": stack_result,
     }
 
 
@@ -102,7 +109,8 @@ def _same_version(a: str, b: str) -> bool:
 
 def describe(lock: dict) -> str:
     """`2 extra (rich 14.1.0, tqdm 4.67.1), 1 missing (numpy==2.4.6), 1 different (torch
-    2.13.0 installed, 2.12.0 locked)`: each kind's count and its first NAMED packages."""
+    2.13.0 installed, 2.12.0 locked)`: each kind's count and its first NAMED packages, then how
+    the CUDA stack torch was built with differs from the lock's (`cuda_stack`)."""
     kinds = (
         ("extra", lambda name, v: f"{name} {v}"),
         ("missing", lambda name, v: f"{name}=={v}"),
@@ -119,4 +127,7 @@ def describe(lock: dict) -> str:
         named = [show(name, found[name]) for name in list(found)[:NAMED]]
         more = f" and {len(found) - NAMED} more" if len(found) > NAMED else ""
         parts.append(f"{len(found)} {kind} ({', '.join(named)}{more})")
-    return ", ".join(parts) or "no difference"
+    said = [", ".join(parts)] if parts else []
+    return "; ".join(said + list(cuda_stack.differences(lock.get("cuda_stack")))) or (
+        "no difference"
+    )

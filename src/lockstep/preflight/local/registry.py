@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from lockstep.launch.detect import RankInfo
 from lockstep.preflight.lines import first_line
-from lockstep.preflight.local import gpu, ifnames, resolves, shm
+from lockstep.preflight.local import driver, gpu, ifnames, resolves, shm
 from lockstep.preflight.local.check import LocalCheck, result
 
 LOCAL_CHECKS: list[LocalCheck] = [
     LocalCheck("gpu_assignment", gpu.gpu_assignment),
+    LocalCheck(driver.NAME, driver.nvidia_driver, blocks=("nccl",)),
     LocalCheck("master_addr", resolves.master_addr, fatal=True),
     LocalCheck("hostname", resolves.hostname, blocks=("gloo", "nccl")),
     LocalCheck("nccl_socket_ifname", ifnames.nccl_socket_ifname, blocks=("nccl",)),
