@@ -31,7 +31,8 @@ def test_global_token_count_passes_per_rank_means_fail(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (result,) = results
     assert not result["passed"] and result["forensics"]["verdict"]["kind"] == "dependence"
-    assert result["diagnosis"].startswith("a real dependence, not rounding"), result
+    assert result["diagnosis"].startswith("at step 2: a real dependence, not rounding"), result
+    assert result["divergence"]["step"] == 2, result  # rounding at step 1, the bug from 2
 
 
 def test_a_watched_script_names_the_module(tmp_path):

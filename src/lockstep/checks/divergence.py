@@ -118,6 +118,7 @@ class Verdict:
     rel32: float | None = None
     rel64: float | None = None
     factor: float | None = None
+    step: int | None = None  # the step judged, where a replay judged several
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -104,7 +104,7 @@ CHECKS: dict[str, Check] = {
               rank=rank("equivalence")),
         Check("world-size", "a loss or norm that depends on the world size",
               rank=rank("world_size"), plan=plan("world_size"),
-              script=on_script("world_size", tolerance=(1e-4, 1e-6))),
+              script=on_script("world_size")),
         Check("accumulation", "gradient accumulation that differs from the large batch",
               rank=rank("accumulation")),
         Check("replicas", "replicas that depart: a buffer never broadcast, a rank-dependent "

@@ -7,6 +7,7 @@ difference is replayed in float64 to tell rounding noise from a real dependence
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from lockstep.checks import divergence as dv
@@ -91,9 +92,18 @@ def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float)
         if verdict == "pass":
             runner.note(f"{base} and {n} ranks differ at {where}: {why}")
             noise.append(forensics)
-            said = f", apart from rounding noise ({why})"
+            said = f" ({why})"
             continue
         judged = verdict == "fail"
+        at = forensics.get("judged_step")
+        if judged and at and at != div.step:  # rounding where they first differ, a bug later
+            div = (
+                first_divergence(
+                    runs[base], runs[n], metrics=("loss", "grad_norm"), steps=range(at, at + 1)
+                )
+                or div
+            )
+            where = div.describe(f"{base}ranks", f"{n}ranks")
         summary = (
             f"{base} and {n} ranks diverge at {where}"
             if judged
@@ -111,10 +121,13 @@ def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float)
             forensics=forensics,
             judged=judged,
         )
+    on = f"on {', '.join(map(str, sizes))} ranks"
     return CheckResult(
         "world-size",
         True,
-        f"{steps} steps agree on {', '.join(map(str, sizes))} ranks {tolerance(rtol, atol)}{said}",
+        f"{steps} steps agree {on} {tolerance(rtol, atol)}"
+        if not said
+        else f"{steps} steps {on} differ only by rounding noise{said}",
         logs=runner.logs,
         notes=runner.take_notes() + skipped_notes(logged),
         forensics=noise[0] if noise else None,
@@ -145,8 +158,9 @@ def judge_difference(runner: ScriptRunner, div: Divergence, sizes: tuple[int, in
     leaves the verdict to the other."""
     base, n = sizes
     floor, floored, failed = script_floor(runner, base, steps, (runs[base], runs[n]), rtol, atol)
+    every_step = False
     try:
-        replay = float64_replay(runner, div, base, n, (runs[base], runs[n]))
+        replay, every_step = float64_replay(runner, div, base, n, (runs[base], runs[n]), steps)
     except (UsageError, RankTimeout) as exc:
         replay = dv.Verdict(
             "unavailable",
@@ -161,14 +175,19 @@ def judge_difference(runner: ScriptRunner, div: Divergence, sizes: tuple[int, in
         "noise_floor": {"floor": floor.to_dict(), "judgement": floored.to_dict()}
         if floor and floored
         else None,
-        "lines": [f"float64 replay of step {div.step}: {replay.text}", floor_text],
+        "lines": [f"float64 replay: {replay.text}", floor_text],
     }
-    if replay.kind == "noise":
+    later = floored is not None and floored.kind == "beyond" and (floored.step or 0) > div.step
+    if replay.kind == "noise" and not (later and not every_step):
+        # (a replay that gave the fp32 values back judged the first differing step only:
+        # the floor's finding at a later step stands over it)
         return "pass", "float64 replay", forensics
     if replay.kind in ("factor", "dependence"):
+        forensics["judged_step"] = replay.step
         return "fail", replay.text, forensics
     if floored is not None and floored.kind in ("noise", "beyond"):
         verdict = "pass" if floored.kind == "noise" else "fail"
+        forensics["judged_step"] = floored.step
         return verdict, f"noise floor: {floored.text}", forensics
     return "not_judged", f"{floor_text}; {replay.text}", forensics
 
@@ -198,29 +217,48 @@ def script_floor(runner: ScriptRunner, nproc: int, steps: int, runs: tuple[list,
     return floor, judged, ""
 
 
-def float64_replay(runner: ScriptRunner, div: Divergence, base: int, n: int, fp32=None):
-    """Both world sizes again to the diverging step with LOCKSTEP_DTYPE=float64: rounding
-    noise shrinks by orders of magnitude, a real dependence does not; loss and gradient norm
+def float64_replay(runner: ScriptRunner, div: Divergence, base: int, n: int, fp32, steps: int):
+    """Both world sizes again with LOCKSTEP_DTYPE=float64, judged at every step that differs
+    (`_every_step`): rounding noise shrinks by orders of magnitude, a real dependence does not; loss and gradient norm
     off by one common ratio are named as a normalisation (`_common_ratio`).
 
     A metric the script keeps in float32 whatever the replay (the HF Trainer's logged loss)
     comes back unchanged: it is judged by the other metric's replay when it differs by no more
-    than a few float32 ulps (`_kept_in_float32`); otherwise the verdict is unavailable."""
+    than a few float32 ulps (`_kept_in_float32`, at the first differing step only); otherwise
+    the verdict is unavailable. The verdict, and whether it judged every step."""
     if div.metric not in ("loss", "grad_norm") or not isinstance(div.expected, float):
-        return dv.Verdict("unavailable", f"no float64 replay for {div.metric}")
+        return dv.Verdict("unavailable", f"no float64 replay for {div.metric}"), False
     runs = {
-        m: by_step(
-            runner.run(f"world-size-{m}-float64", nproc=m, max_steps=div.step, dtype="float64")
-        )
+        m: by_step(runner.run(f"world-size-{m}-float64", nproc=m, max_steps=steps, dtype="float64"))
         for m in (base, n)
     }
     a, b = runs[base].get(div.step, {}), runs[n].get(div.step, {})
     if (a.get(div.metric), b.get(div.metric)) == (div.expected, div.actual):
-        return _kept_in_float32(div, a, b, fp32)
-    verdict = dv.float64_verdict(
-        div.metric, (div.expected, div.actual), (a.get(div.metric), b.get(div.metric))
-    )
-    return _common_ratio(verdict, a, b, base, n)
+        return _kept_in_float32(div, a, b, fp32), False
+    return _every_step(runs, base, n, fp32, div.step), True
+
+
+def _every_step(runs: dict, base: int, n: int, fp32, first: int) -> dv.Verdict:
+    """The replay judged at every step from `first` where the fp32 runs differ: rounding noise
+    only when it shrinks at each of them (a noise verdict at the first differing step alone
+    would pass a real dependence that shows a step later); the first step that does not
+    shrink, else the largest fp32 difference."""
+    rows32 = [by_step(r) for r in fp32]
+    worst = None
+    for step in sorted(s for s in rows32[0] if s >= first):
+        x32 = [r.get(step, {}) for r in rows32]
+        a, b = runs[base].get(step, {}), runs[n].get(step, {})
+        for metric in ("loss", "grad_norm"):
+            pair32 = (x32[0].get(metric), x32[1].get(metric))
+            if not all(isinstance(x, float) for x in pair32) or pair32[0] == pair32[1]:
+                continue
+            verdict = dv.float64_verdict(metric, pair32, (a.get(metric), b.get(metric)))
+            verdict = _common_ratio(verdict, a, b, base, n)
+            if verdict.kind != "noise":
+                return replace(verdict, text=f"at step {step}: {verdict.text}", step=step)
+            if worst is None or (verdict.rel32 or 0) > (worst.rel32 or 0):
+                worst = replace(verdict, text=f"at step {step}: {verdict.text}", step=step)
+    return worst or dv.Verdict("unavailable", "the float64 replay logged none of the steps")
 
 
 def _kept_in_float32(div: Divergence, a: dict, b: dict, fp32) -> dv.Verdict:
