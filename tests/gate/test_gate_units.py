@@ -505,3 +505,25 @@ def test_a_speed_threshold_too_wide_to_catch_a_regression_is_not_judged(tmp_path
     # a quiet golden judges the same run, and fails it
     quiet = golden.build([run([1.0, 0.9, 0.8], step_time=0.13)] * 3, HEADER)
     assert [f for f in compare(quiet, run([1.0, 0.9, 0.8], 0.195)) if f.failed]
+
+
+def test_ab_never_passes_a_broken_run_or_nothing_compared():
+    """gate ab judges speed and memory, but a head run that is NaN fails, a base run that
+    does not train leaves it not judged, and runs that log no figure compare nothing."""
+    from lockstep.gate import ab
+    from lockstep.gate.run_result import Run
+
+    def run(losses, step_time=0.1):
+        return Run([{"step": i + 1, "loss": x, "step_time_s": step_time}
+                    for i, x in enumerate(losses)])  # fmt: skip
+
+    sound = [run([3.0, 2.5, 2.1, 1.9]) for _ in range(3)]
+    nan_head = [run([3.0, float("nan"), 2.1, 1.9]), *sound[1:]]
+    flat_base = [run([2.0, 2.0, 2.0, 2.0]), *sound[1:]]
+    assert ab.verdict(ab.health(sound, sound)) == "pass"
+    found = ab.health(sound, nan_head)
+    assert ab.verdict(found) == "fail" and "head run 1" in found[0].message
+    assert found[0].step == 2, found
+    assert ab.verdict(ab.health(flat_base, sound)) == "not_judged"
+    bare = [Run([{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.0}])] * 2
+    assert ab.judge(bare, bare, 0.05, 0.01) == []

@@ -241,7 +241,27 @@ def run_ab(
                     remove_worktree(head_tree, tmp / "base")
                     shutil.rmtree(tmp, ignore_errors=True)
     comparisons = judge(base, head, threshold, alpha)
-    return comparisons, findings(comparisons, threshold, alpha)
+    found = health(base, head) + findings(comparisons, threshold, alpha)
+    if not comparisons:  # nothing compared is no pass
+        found.append(Finding("ab", "speed", "not_judged", f"no figure of {', '.join(FIGURES)} "
+                             "was logged by every run: nothing to compare"))  # fmt: skip
+    return comparisons, found
+
+
+def health(base: list[Run], head: list[Run]) -> list[Finding]:
+    """Speed and memory of a run that is NaN or does not train are no verdict: a broken head
+    run fails; a broken base run alone leaves the A/B not judged."""
+    from lockstep import run_health
+
+    out = []
+    for side, runs, status in (("head", head, "fail"), ("base", base, "not_judged")):
+        for i, run in enumerate(runs, 1):
+            found = run_health.problem(run.rows, ("loss", "grad_norm", "lr"))
+            if found is not None:
+                text = f"{side} run {i}: {found.text}"
+                out.append(Finding("ab", found.metric, status, text, step=found.step))
+                break
+    return out
 
 
 def to_dict(
@@ -258,6 +278,14 @@ def to_dict(
         "rounds": rounds,
         "threshold": threshold,
         "alpha": alpha,
-        "passed": not any(f.failed for f in findings),
+        "verdict": verdict(findings),
+        "passed": verdict(findings) == "pass",
         "comparisons": [c.to_dict() for c in comparisons],
     }
+
+
+def verdict(findings: list[Finding]) -> str:
+    """`fail` if a finding failed, else `not_judged` if one could not decide, else `pass`."""
+    if any(f.failed for f in findings):
+        return "fail"
+    return "not_judged" if any(f.status == "not_judged" for f in findings) else "pass"

@@ -229,7 +229,7 @@ def compare_ab(o: ABRun) -> int:
     report.show(title, findings)
     payload = ab.to_dict(o.base, o.rounds, o.threshold, o.alpha, comparisons, findings)
     _write_reports(o.reports, title, "gate.ab", findings, [], [], payload)
-    return EXIT_FAIL if any(f.failed for f in findings) else EXIT_OK
+    return {"fail": EXIT_FAIL, "not_judged": EXIT_NOT_JUDGED}.get(ab.verdict(findings), EXIT_OK)
 
 
 def evaluate_alerts(rules_file: str, metrics: Path, json_path: Path | None) -> int:
