@@ -120,7 +120,7 @@ def test_assess_names_hosts_ranks_and_the_hostlist():
             a, b = x["a"], x["b"]
             cross.append({**x, "rail": rail, "ranks": [ranks[a][rail], ranks[b][rail]]})
     out = section.assess(hosts=hosts, ranks=ranks, local=local, cross=cross, silent=[], timeout_s=5)
-    assert out["kind"] == "slow_node" and out["exit_code"] == 1
+    assert out["finding"] == "slow_node" and out["kind"] == "node" and out["exit_code"] == 1
     assert {(s["host"], s["local_rank"]) for s in out["slow_nodes"]} == {
         ("node3", 0),
         ("node3", 1),
@@ -130,7 +130,7 @@ def test_assess_names_hosts_ranks_and_the_hostlist():
     gone = section.assess(
         hosts=hosts, ranks=ranks, local=local, cross=[], silent=[4, 5], timeout_s=5
     )
-    assert gone["kind"] == "dropped" and gone["exit_code"] == 3
+    assert gone["finding"] == "dropped" and gone["kind"] == "node" and gone["exit_code"] == 3
     assert gone["exclude_hostlist"] == "node2" and "node2" in gone["problems"][0]
 
 
@@ -195,13 +195,13 @@ def test_one_slowed_transfer_confirmed_away_a_slow_link_confirmed():
     once = measure(schedule.round_robin(n), slow_links={(0, 3)})
     again = confirmed(once, seed=1)
     assert [p for r in schedule.confirm_rounds(n, once) for p in r] == [(0, 3)]
-    assert assessed(once)["kind"] == "slow_link"  # one measurement alone would name it
+    assert assessed(once)["finding"] == "slow_link"  # one measurement alone would name it
     clean = assessed(once + again)
     assert clean["kind"] is None and clean["exit_code"] == 0 and clean["rounds"] == 4
     assert [x["measurements"] for x in clean["links"] if (x["a"], x["b"]) == (0, 3)] == [2]
     slow_again = confirmed(once, slow_links={(0, 3)}, seed=1)
     named = assessed(once + slow_again)
-    assert named["kind"] == "slow_link" and named["slow_links"][0]["hosts"] == ["n0", "n3"]
+    assert named["finding"] == "slow_link" and named["slow_links"][0]["hosts"] == ["n0", "n3"]
 
 
 def test_cpu_measures_local_rank_0_between_nodes_every_rank_within():
@@ -276,7 +276,7 @@ def test_a_starved_link_that_reads_fast_is_fine_and_one_unstarved_reading_judges
     for x in again:
         x.pop("starved")  # measured again with both ends on a CPU: still slow
     named = _assess4(links + again)
-    assert named["kind"] == "slow_link" and named["not_judged"] == []
+    assert named["finding"] == "slow_link" and named["not_judged"] == []
     assert [s["hosts"] for s in named["slow_links"]] == [["n0", "n3"]]
 
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from lockstep.launch import free_port
 from support.preflight_ranks import LAUNCH_TIMEOUT_S, base_env, by_hand, finish, wait_served
@@ -137,6 +140,11 @@ def test_rank_1_mismatch_exits_1_and_is_named(tmp_path):
     (lock_line,) = [p for p in report["problems"] if "do not match" in p and "b.txt" in p]
     assert "1 extra (lockstep-probe-pkg 9.9)" in lock_line, lock_line
     assert f"1 different (torch {installed['torch']} installed, 1.0 locked)" in lock_line
+    # what it asks of the scheduler: the job's (a tie, a lock, the busbw floor), no node drained
+    kinds = {(e["finding"], e["kind"]) for e in report["problem_kinds"]}
+    assert kinds == {("drift", "job"), ("lock", "job"), ("busbw", "job")}, kinds
+    assert report["kind"] == "job" and report["drain"] == [] and report["schema"] == 2
+    assert "job problem: fix the job" in table and "problem (job):" in table
 
 
 def test_missing_ranks_exit_3_within_the_timeout(tmp_path):
@@ -190,3 +198,37 @@ def test_two_nodes_with_two_torchrun_agents(tmp_path):
     assert data["authenticated"] is False
     assert any("UNAUTHENTICATED: 4 ranks on 2 nodes" in out for out in outputs), outputs
     assert not any("PASS" in out for out in outputs)
+
+
+def test_a_node_whose_environment_drifts_is_named_to_drain(tmp_path):
+    """3 ranks; rank 2 runs on a host of its own (its own UTS namespace, named `localhost` so
+    it resolves) whose environment sets NCCL_ALGO: a whole node differs from the majority, a
+    node problem with its `lockstep: ` reason; rank 1's own extra variable beside rank 0 on the
+    same host is what the launch gave it, the job's."""
+    if (
+        socket.gethostname() == "localhost"
+        or subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode
+    ):
+        pytest.skip("needs a hostname other than localhost and unshare --uts (root)")
+    on_its_own_host = ["unshare", "--uts", "sh", "-c", 'hostname localhost && exec "$@"', "sh"]
+    report_path = tmp_path / "report.json"
+    _, procs = by_hand(
+        4,
+        [0, 1, 2, 3],
+        tmp_path,
+        args=["--timeout", "60", "--json", str(report_path), "--no-links"],
+        per_rank_env={1: {"NCCL_DEBUG": "INFO"}, 2: {"NCCL_ALGO": "Ring"}},
+        per_rank_program={2: [*on_its_own_host, sys.executable, "-m", "lockstep"]},
+    )
+    results = finish(procs)
+    assert {r: res["rc"] for r, res in results.items()} == {0: 1, 1: 1, 2: 1, 3: 1}, results
+    report = json.loads(report_path.read_text())
+    (node,) = [e for e in report["problem_kinds"] if "env.NCCL_ALGO" in e["problem"]]
+    (job,) = [e for e in report["problem_kinds"] if "env.NCCL_DEBUG" in e["problem"]]
+    assert node["problem"].startswith("rank 2 on localhost differs from the majority"), node
+    assert (node["kind"], node["hosts"]) == ("node", ["localhost"]), report["problem_kinds"]
+    assert (job["kind"], job["hosts"]) == ("job", []), report["problem_kinds"]
+    assert report["drain"] == [
+        {"host": "localhost", "reason": "lockstep: differs from the other nodes in env.NCCL_ALGO"}
+    ]
+    assert report["kind"] == "job"  # a job problem too: excluding the node will not fix it

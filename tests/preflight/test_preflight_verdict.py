@@ -250,3 +250,108 @@ def test_the_link_stages_exclude_list_joins_failed_hosts():
     drift = verdict(ids, [measured() for _ in hosts], groups=[[0, 1, 2], [3]],
                     fields=["env.NCCL_DEBUG"], links=links)  # fmt: skip
     assert drift["failed_hosts"] == ["ls3", "ls2"]
+
+
+# --- node or job: what the verdict asks of the scheduler (problem_kind) ---
+
+
+def test_a_whole_node_that_drifts_is_drained_and_ranks_of_one_node_that_differ_are_the_jobs():
+    """Drift on every rank of one host (a package installed differently there) is the node's,
+    with a `lockstep: ` reason for Slurm; drift on one rank of a host whose other ranks agree
+    with the majority is what the launch gave it: the job's, nothing drained."""
+    ids = [identity(r, host=f"ls{r // 2}") for r in range(6)]
+    node = verdict(ids, [measured()] * 6, groups=[[0, 1, 2, 3], [4, 5]],
+                   fields=["packages.installed.numpy"])  # fmt: skip
+    (entry,) = node["problem_kinds"]
+    assert (entry["finding"], entry["kind"], entry["hosts"]) == ("drift", "node", ["ls2"])
+    assert node["kind"] == "node" and node["exit_code"] == EXIT_FAIL
+    assert node["drain"] == [
+        {
+            "host": "ls2",
+            "reason": "lockstep: differs from the other nodes in packages.installed.numpy",
+        }
+    ]
+    assert node["drain_hostlist"] == "ls2"
+    job = verdict(ids, [measured()] * 6, groups=[[0, 1, 2, 3, 4], [5]],
+                  fields=["env.NCCL_ALGO"])  # fmt: skip
+    assert [e["kind"] for e in job["problem_kinds"]] == ["job"]
+    assert job["kind"] == "job" and job["drain"] == [] and job["drain_hostlist"] == ""
+    assert job["exit_code"] == EXIT_FAIL  # both kinds: the job must not start
+
+
+def test_a_lock_missed_everywhere_is_the_jobs_and_a_tie_drains_nothing():
+    ids = [identity(r, host=f"ls{r}") for r in range(3)]
+    off = {**LOCK, "matches": False, "missing": {"numpy": "2.4.6"}}
+    lock = verdict(ids, [measured()] * 3, fingerprints={0: fingerprint(off)}, lock_required=True)
+    assert [(e["finding"], e["kind"]) for e in lock["problem_kinds"]] == [("lock", "job")]
+    assert lock["kind"] == "job" and lock["drain"] == []
+    # the lock missed by one node alone (drifted there): that node's
+    fps = {0: fingerprint(LOCK), 2: fingerprint(off)}
+    one = verdict(ids, [measured()] * 3, groups=[[0, 1], [2]], fields=["packages.installed.numpy"],
+                  fingerprints=fps, lock_required=True)  # fmt: skip
+    assert [(e["finding"], e["kind"]) for e in one["problem_kinds"]] == [
+        ("drift", "node"),
+        ("lock", "node"),
+    ]
+    assert [d["host"] for d in one["drain"]] == ["ls2"]
+    assert one["drain"][0]["reason"] == (
+        "lockstep: differs from the other nodes in packages.installed.numpy; installed packages "
+        "differ from the job's lock"
+    )
+    two = [identity(0, host="ls0"), identity(1, host="ls1")]
+    tie = verdict(two, [measured()] * 2, groups=[[0], [1]], fields=["env.NCCL_ALGO"])
+    assert tie["kind"] == "job" and tie["drain"] == []  # no majority says which node is odd
+
+
+def test_a_check_failing_on_some_hosts_is_theirs_and_on_every_host_the_jobs():
+    small = {"name": "shm", "status": "fail", "detail": "/dev/shm 64 MiB"}
+    ok = {"name": "shm", "status": "ok", "detail": "/dev/shm 16.0 GiB"}
+    some = [identity(r, host=f"ls{r}", checks=[small if r == 1 else ok]) for r in range(3)]
+    got = verdict(some, [measured()] * 3)
+    assert got["kind"] == "node" and got["drain"] == [
+        {"host": "ls1", "reason": "lockstep: shm check failed"}
+    ]
+    every = [identity(r, host=f"ls{r}", checks=[small]) for r in range(3)]
+    assert verdict(every, [measured()] * 3)["kind"] == "job"  # the pod's or image's /dev/shm
+    # wrong values from a collective and an odd GPU checksum: the hardware of those hosts
+    hw = verdict(
+        [identity(r, host=f"ls{r}", gpu="H100") for r in range(3)],
+        [measured(checksum=7, broken=("all_gather",)), measured(checksum=7), measured(checksum=9)],
+    )
+    assert [(e["finding"], e["kind"], e["hosts"]) for e in hw["problem_kinds"]] == [
+        ("collectives", "node", ["ls0"]),
+        ("matmul", "node", ["ls2"]),
+    ]
+    floor = verdict([*some[:1], identity(1, host="ls1")], [measured()] * 2, min_busbw=1e9)
+    assert floor["problem_kinds"][-1]["kind"] == "job"  # no node to name: the links do that
+
+
+def test_blocking_checks_and_the_link_stage_say_node_with_a_greppable_reason():
+    from lockstep.preflight.links.schedule import round_robin
+    from lockstep.preflight.links.section import assess
+
+    hosts = ["ls0", "ls1", "ls2", "ls3"]
+    cross = [
+        {"a": a, "b": b, "rail": 0, "ranks": [a, b], "round": k,
+         "gbps": 0.1 if (a, b) in ((1, 3), (3, 1)) else 0.96}
+        for rnd in range(2)
+        for k, pairs in enumerate(round_robin(4))
+        for a, b in pairs
+    ]  # fmt: skip
+    links = assess(hosts=hosts, ranks=[[k] for k in range(4)], local=[0] * 4,
+                   cross=cross, timeout_s=5)  # fmt: skip
+    assert links["finding"] == "slow_link" and links["kind"] == "node"
+    report = verdict([identity(r, host=h) for r, h in enumerate(hosts)], [measured()] * 4,
+                     links=links)  # fmt: skip
+    assert report["kind"] == "node" and report["finding"] == "slow_link"
+    (entry,) = report["problem_kinds"]
+    assert entry["reason"] == "lockstep: slow link ls1<->ls3"
+    assert [d["host"] for d in report["drain"]] == links["exclude"]  # the ends to leave out
+    assert {d["reason"] for d in report["drain"]} == {"lockstep: slow link ls1<->ls3"}
+    bad = {"name": "hostname", "status": "fail", "detail": "own hostname 'ls2' does not resolve"}
+    ok = {"name": "hostname", "status": "ok", "detail": "resolves"}
+    idents = [identity(r, f"ls{r}", checks=[bad if r == 2 else ok]) for r in range(4)]
+    got = blocking(idents, "slurm", "gloo", blocking_checks("gloo"))
+    assert got["kind"] == "node" and got["drain"] == [
+        {"host": "ls2", "reason": "lockstep: hostname check failed"}
+    ]

@@ -41,17 +41,26 @@ def base_env(**extra: str) -> dict[str, str]:
 
 
 def by_hand(
-    world: int, ranks, cwd: Path, args=(), per_rank_env=None, per_rank_args=None, program=None
+    world: int,
+    ranks,
+    cwd: Path,
+    args=(),
+    per_rank_env=None,
+    per_rank_args=None,
+    program=None,
+    per_rank_program=None,
 ):
     """Start `python -m lockstep preflight` for `ranks` with RANK/WORLD_SIZE/MASTER_*;
-    `program`: the argv that stands for `python -m lockstep` (a script calling its `main`)."""
+    `program`: the argv that stands for `python -m lockstep` (a script calling its `main`);
+    `per_rank_program`: rank -> such an argv for that rank alone."""
     port, procs = free_port(), {}
     for rank in ranks:
         env = base_env(
             RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
         )
         env.update((per_rank_env or {}).get(rank, {}))
-        cmd = [*(program or [sys.executable, "-m", "lockstep"]), "preflight", *args]
+        mine = (per_rank_program or {}).get(rank) or program
+        cmd = [*(mine or [sys.executable, "-m", "lockstep"]), "preflight", *args]
         cmd += (per_rank_args or {}).get(rank, [])
         procs[rank] = subprocess.Popen(
             cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

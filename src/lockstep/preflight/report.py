@@ -113,10 +113,12 @@ def print_console(report: dict) -> None:
         console.print(bw)
     if report.get("links"):
         console.print(links_table(report["links"]))
-    for line in report["problems"]:
-        console.print(f"[bold red]problem:[/] {cell(line)}")
+    for label, line in _problems(report):
+        console.print(f"[bold red]{label}:[/] {cell(line)}")
     for line in report["warnings"]:
         console.print(f"[yellow]warning:[/] {cell(line)}")
+    if report.get("kind"):
+        console.print(f"[bold red]{cell(scheduler_line(report))}[/]")
     console.print(cell(report["compared"]))
     style = "bold green" if report["ok"] else "bold red"
     console.print(f"[{style}]{_verdict(report)}[/]")
@@ -170,9 +172,30 @@ def markdown(report: dict) -> str:
         ]
     if report.get("links"):
         lines += links_markdown(report["links"])
-    lines += [""] + [f"- **problem**: {md_cell(p)}" for p in report["problems"]]
+    lines += [""] + [f"- **{label}**: {md_cell(p)}" for label, p in _problems(report)]
     lines += [f"- warning: {md_cell(w)}" for w in report["warnings"]]
+    if report.get("kind"):
+        lines += ["", md_cell(scheduler_line(report))]
     return "\n".join(lines)
+
+
+def _problems(report: dict) -> list[tuple[str, str]]:
+    """("problem (node)", line) per problem; "problem" alone in a report without kinds."""
+    entries = report.get("problem_kinds")
+    if entries is None:
+        return [("problem", line) for line in report["problems"]]
+    return [(f"problem ({e['kind']})", e["problem"]) for e in entries]
+
+
+def scheduler_line(report: dict) -> str:
+    """What the verdict asks of the scheduler, one line: drain the nodes named (docs/slurm.md),
+    or fix the job and keep them."""
+    drain = report.get("drain") or []
+    named = f"drain or exclude {report['drain_hostlist']}" if drain else ""
+    if report["kind"] == "job":
+        head = "job problem: fix the job (lock, image, environment, launch), keep the nodes"
+        return head + (f"; and node problems: {named}" if named else "")
+    return f"node problem: {named} (the job itself may run elsewhere)"
 
 
 _LINK_ROWS = 40  # the terminal and the step summary list this many links, the slowest first

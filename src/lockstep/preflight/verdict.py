@@ -16,8 +16,17 @@ from lockstep.env.lockfile import describe as describe_lock
 from lockstep.errors import EXIT_FAIL, EXIT_OK, EXIT_TIMEOUT
 from lockstep.preflight.collectives import COLLECTIVES, busbw_gbps
 from lockstep.preflight.lines import ranges
+from lockstep.preflight.problem_kind import (
+    JOB,
+    NODE,
+    Problems,
+    check_kind,
+    drift_kind,
+    scheduler_keys,
+    spread_kind,
+)
 
-REPORT_SCHEMA = 1
+REPORT_SCHEMA = 2  # 2: `kind` is node/job everywhere (links' finding names: `finding`)
 _FIELDS_SHOWN = 5
 _HOSTS_SHOWN = 3
 
@@ -37,28 +46,38 @@ def build_report(
 ) -> dict:
     """Rank 0's verdict; `identities` and `measurements` are indexed by rank; `links`: the link
     stage's section (`links.verdict.assess`), or None when it did not run."""
-    problems: list[str] = []
+    found = Problems()
     warnings: list[str] = []
     checks = merge_checks(identities)
+    all_hosts = sorted({i["host"] for i in identities})
     for check in checks:
         line = check_line(check, identities)
         if check["status"] == "fail":
-            problems.append(line)
+            hosts = _hosts(check["ranks"], identities)
+            kind = check_kind(check["name"], hosts, all_hosts)
+            found.add(line, "check", kind, hosts, f"{check['name']} check failed")
         elif check["status"] == "warn":
             warnings.append(line)
-    _comparison_lines(comparison, fingerprints, identities, lock_required, problems, warnings)
+    _comparison_lines(comparison, fingerprints, identities, lock_required, found, warnings)
     coll = collectives(measurements)
-    problems += [
-        f"{name} returned wrong values on rank {ranges(c['failed_ranks'])}"
-        for name, c in coll.items()
-        if c["failed_ranks"]
-    ]
+    for name, c in coll.items():
+        if c["failed_ranks"]:
+            hosts = _hosts(c["failed_ranks"], identities)
+            found.add(
+                f"{name} returned wrong values on rank {ranges(c['failed_ranks'])}",
+                "collectives",
+                spread_kind(hosts, all_hosts),
+                hosts,
+                f"wrong {name} values",
+            )
     bw = bandwidth(measurements, sizes, min_busbw)
-    if bw.get("below_min"):
-        problems.append(bw["below_min"])
+    if bw.get("below_min"):  # the whole allocation's rate: no node to name (the links do)
+        found.add(bw["below_min"], "busbw", JOB)
     mm = matmul(measurements, identities)
     if mm["status"] == "fail":
-        problems.append(mm["detail"])
+        hosts = _hosts(mm["odd_ranks"], identities)
+        found.add(mm["detail"], "matmul", NODE, hosts, "matmul checksum differs (GPU)")
+    problems = found.lines
     result = {
         "schema": REPORT_SCHEMA,
         "ok": not problems,
@@ -78,7 +97,7 @@ def build_report(
         "matmul": mm,
         "fingerprints": {str(rank): fp for rank, fp in fingerprints.items()},
     }
-    return with_findings(result, links)
+    return with_findings(result, links, found.entries)
 
 
 def _comparison_lines(
@@ -86,21 +105,32 @@ def _comparison_lines(
     fingerprints: dict[int, dict],
     identities: list[dict],
     lock_required: bool,
-    problems: list[str],
+    found: Problems,
     warnings: list[str],
 ) -> None:
     """The fingerprint comparison's findings: outliers, shared GPUs, a lock not matched (a
-    problem with --lock, else a warning)."""
+    problem with --lock, else a warning). Kinds: `problem_kind`'s rule."""
     tied = tied_groups(comparison)
-    if tied:
+    majority = comparison["majority"]
+    if tied:  # no majority says which side is odd: nothing to drain
         first = [identities[r] for r in tied[0]]
-        problems.append(tie_line(first, comparison["outliers"][: len(tied) - 1]))
+        found.add(tie_line(first, comparison["outliers"][: len(tied) - 1]), "drift", JOB)
     for outlier in comparison["outliers"][max(len(tied) - 1, 0) :]:
-        problems.append(outlier_line(outlier, comparison["majority"] if tied else None))
+        ranks = [i["rank"] for i in outlier["ranks"]]
+        hosts = _hosts(ranks, identities)
+        names = [f["field"] for f in outlier["fields"]]
+        found.add(
+            outlier_line(outlier, majority if tied else None),
+            "drift",
+            JOB if tied else drift_kind(ranks, identities, majority),
+            hosts,
+            f"differs from the other nodes in {_fields_shown(names, 3)}",
+        )
     for dup in comparison["duplicate_gpus"]:
-        problems.append(
+        line = (
             f"Duplicate GPU: ranks {ranges(dup['ranks'])} share GPU {dup['uuid']} on {dup['host']}"
         )
+        found.add(line, "drift", JOB)  # the launch's device mapping
     for group in comparison["groups"]:
         lock = _lock(fingerprints[group[0]])
         if lock and not lock["matches"]:
@@ -108,7 +138,18 @@ def _comparison_lines(
                 f"installed packages do not match {lock['path']} on rank {ranges(group)}: "
                 + describe_lock(lock)
             )
-            (problems if lock_required else warnings).append(line)
+            if not lock_required:
+                warnings.append(line)
+                continue
+            odd = group is not comparison["groups"][0] and not tied
+            kind = drift_kind(group, identities, majority) if odd else JOB
+            why = "installed packages differ from the job's lock"
+            found.add(line, "lock", kind, _hosts(group, identities), why)
+
+
+def _hosts(ranks: list[int], identities: list[dict]) -> list[str]:
+    by_rank = {i["rank"]: i["host"] for i in identities}
+    return sorted({by_rank[r] for r in ranks if r in by_rank})
 
 
 def collectives(measurements: list[dict]) -> dict[str, dict]:
@@ -148,9 +189,15 @@ def blocking(
     failed = [c for c in merge_checks(identities) if c["status"] == "fail" and c["name"] in names]
     if not failed:
         return None
-    problems = [check_line(c, identities) for c in failed]
+    found = Problems()
+    all_hosts = sorted({i["host"] for i in identities})
+    for c in failed:
+        where = _hosts(c["ranks"], identities)
+        kind = check_kind(c["name"], where, all_hosts)
+        found.add(check_line(c, identities), "check", kind, where, f"{c['name']} check failed")
+    problems = found.lines
     hosts = sorted({identities[r]["host"] for c in failed for r in c["ranks"]})
-    return {
+    return scheduler_keys(found.entries) | {
         "schema": REPORT_SCHEMA,
         "ok": False,
         "exit_code": EXIT_FAIL,
@@ -193,42 +240,36 @@ def check_line(check: dict, identities: list[dict]) -> str:
     return f"{check['name']} {where}: {check['detail']}"
 
 
-def with_findings(result: dict, links: dict | None) -> dict:
-    """Add the link stage's section and problems, and `finding` (what ended the run, since exit
-    1 covers them all: dropped, link_error, check, drift, lock, collectives, busbw, matmul,
-    slow_node, slow_link; None on a pass) with `findings` (every kind, in that order)."""
-    kinds = []
+def with_findings(result: dict, links: dict | None, entries: list[dict]) -> dict:
+    """Add the link stage's section and problems, `finding` (what ended the run, since exit 1
+    covers them all: dropped, link_error, check, drift, lock, collectives, busbw, matmul,
+    slow_node, slow_link; None on a pass) with `findings` (every one, in that order), and what
+    the scheduler is asked (`problem_kind.scheduler_keys`: `kind`, `problem_kinds`, `drain`)."""
+    found = Problems()
+    found.extend(entries)
+    names = []
     if links is not None:
         result["links"] = links
-        result["problems"] = result["problems"] + links["problems"]
+        found.extend(links["problem_kinds"])
         result["warnings"] = result["warnings"] + links.get("warnings", [])  # not judged
-        kinds += [k for k in links["kinds"] if k in ("dropped", "link_error")]
+        names += [k for k in links["findings"] if k in ("dropped", "link_error")]
         # the hosts a relaunch leaves out (docs/slurm.md reads this list): the link stage's
         # exclude list too (slow nodes, a slow link's worse end, nodes that dropped out)
         hosts = result["failed_hosts"]
         result["failed_hosts"] = hosts + [h for h in links["exclude"] if h not in hosts]
-    if any(c["status"] == "fail" for c in result["checks"]):
-        kinds.append("check")
-    if result["comparison"]["outliers"] or result["comparison"]["duplicate_gpus"]:
-        kinds.append("drift")
-    if any(line.startswith("installed packages do not match") for line in result["problems"]):
-        kinds.append("lock")
-    if any(not c["ok"] for c in result["collectives"].values()):
-        kinds.append("collectives")
-    if result["bandwidth"].get("below_min"):
-        kinds.append("busbw")
-    if result["matmul"]["status"] == "fail":
-        kinds.append("matmul")
+    result["problems"] = found.lines
+    mine = {e["finding"] for e in entries}
+    names += [k for k in ("check", "drift", "lock", "collectives", "busbw", "matmul") if k in mine]
     if links is not None:
-        kinds += [k for k in links["kinds"] if k in ("slow_node", "slow_link")]
-    result["finding"] = kinds[0] if kinds else None
-    result["findings"] = kinds
+        names += [k for k in links["findings"] if k in ("slow_node", "slow_link")]
+    result["finding"] = names[0] if names else None
+    result["findings"] = names
     result["ok"] = not result["problems"]
     if links is not None and links["exit_code"] == EXIT_TIMEOUT:
         result["exit_code"] = EXIT_TIMEOUT
     else:
         result["exit_code"] = EXIT_FAIL if result["problems"] else EXIT_OK
-    return result
+    return result | scheduler_keys(found.entries)
 
 
 def compared_line(comparison: dict, fingerprints: dict[int, dict]) -> str:
@@ -303,10 +344,10 @@ def _where(ranks: list[dict]) -> str:
     return f"rank {ranges([i['rank'] for i in ranks])} on {shown_hosts}"
 
 
-def _fields_shown(names: list[str]) -> str:
-    fields = ", ".join(names[:_FIELDS_SHOWN])
-    if len(names) > _FIELDS_SHOWN:
-        fields += f" and {len(names) - _FIELDS_SHOWN} more"
+def _fields_shown(names: list[str], shown: int = _FIELDS_SHOWN) -> str:
+    fields = ", ".join(names[:shown])
+    if len(names) > shown:
+        fields += f" and {len(names) - shown} more"
     return fields
 
 

@@ -20,6 +20,7 @@ from lockstep.preflight.links.stats import (
     starved_bar,
 )
 from lockstep.preflight.links.verdict import judge, judge_intra
+from lockstep.preflight.problem_kind import NODE, Problems, overall, spread_kind
 
 MATRIX_MAX = 256  # the JSON carries the N x N matrix up to this many nodes (the links always)
 
@@ -44,19 +45,18 @@ class _Nodes:
 
 @dataclass
 class _Findings:
-    """What the section names, in the order found; `kinds` parallel to `problems`."""
+    """What the section names, in the order found; `named`: each problem's finding, kind
+    (node or job), hosts and Slurm reason (`problem_kind.Problems`)."""
 
-    problems: list[str] = field(default_factory=list)
-    kinds: list[str] = field(default_factory=list)
+    named: Problems = field(default_factory=Problems)
     warnings: list[str] = field(default_factory=list)
     slow_nodes: list[dict] = field(default_factory=list)
     slow_links: list[dict] = field(default_factory=list)
     not_judged: list[dict] = field(default_factory=list)
     exclude: set[int] = field(default_factory=set)
 
-    def problem(self, kind: str, line: str) -> None:
-        self.kinds.append(kind)
-        self.problems.append(line)
+    def problem(self, finding: str, line: str, hosts: list[str], why: str, kind=NODE) -> None:
+        self.named.add(line, finding, kind, hosts, why)
 
 
 def assess(
@@ -74,11 +74,12 @@ def assess(
     nbytes: int | None = None,
     elapsed_s: float | None = None,
 ) -> dict:
-    """The report's `links` section: `problems` (one line each), `kind` (the first finding:
-    dropped, slow_node, slow_link, or None) and `exit_code` (3 when a node dropped out or a
-    transfer failed, 1 for a slow node or link, else 0). Links `starved` of CPU in every
-    measurement are judged by none of that: below the threshold they are `not_judged`, with a
-    line each in `warnings`, and change neither `kind` nor `exit_code`."""
+    """The report's `links` section: `problems` (one line each), `finding` (the first: dropped,
+    link_error, slow_node, slow_link, or None), `kind` (node or job, `problem_kind`) and
+    `exit_code` (3 when a node dropped out or a transfer failed, 1 for a slow node or link,
+    else 0). Links `starved` of CPU in every measurement are judged by none of that: below the
+    threshold they are `not_judged`, with a line each in `warnings`, and change neither
+    `finding` nor `exit_code`."""
     failed = failed or {}
     nodes = _Nodes(hosts, ranks, local)
     measured = [*cross, *intra]
@@ -93,6 +94,7 @@ def assess(
     if judge_intra:
         _within_nodes(nodes, intra, min_link_gbps, found)
     names = [hosts[k] for k in sorted(found.exclude)]
+    findings = [e["finding"] for e in found.named.entries]
     n = len(hosts)
     out = {
         "schedule": ("full" if n <= FULL_MATRIX else "sampled"),
@@ -124,10 +126,12 @@ def assess(
         "failed_ranks": {str(r): why for r, why in sorted(failed.items())},
         "exclude": names,
         "exclude_hostlist": compress(names) if names else "",
-        "problems": found.problems,
-        "kind": found.kinds[0] if found.kinds else None,
-        "kinds": list(dict.fromkeys(found.kinds)),
-        "exit_code": 3 if (silent_nodes or failed) else (1 if found.problems else 0),
+        "problems": found.named.lines,
+        "finding": findings[0] if findings else None,
+        "findings": list(dict.fromkeys(findings)),
+        "kind": overall(found.named.entries),
+        "problem_kinds": found.named.entries,
+        "exit_code": 3 if (silent_nodes or failed) else (1 if found.named.lines else 0),
         "elapsed_s": None if elapsed_s is None else round(elapsed_s, 3),
     }
     if n <= MATRIX_MAX:
@@ -152,12 +156,18 @@ def _dropped(
             "dropped",
             f"node {nodes.hosts[node]} (rank {ranges(gone)}) dropped out during the link stage: "
             f"no answer within {_g(timeout_s)} s",
+            [nodes.hosts[node]],
+            "dropped out during the link stage",
         )
     if failed and not silent_nodes:
         first = min(failed)
+        where = sorted({nodes.hosts[node_of[r]] for r in failed if r in node_of})
         found.problem(
             "link_error",
             f"the link stage failed on rank {ranges(list(failed))}: rank {first}: {failed[first]}",
+            where,
+            "the link stage failed here",
+            spread_kind(where, nodes.hosts),
         )
     found.exclude |= set(silent_nodes)
     return silent_nodes
@@ -238,6 +248,8 @@ def _slow_node(nodes: _Nodes, rail: int, s: dict, typical: float, found: _Findin
         "slow_node",
         f"slow node {nodes.who(node, rail)}: median link {rounded(s['median_gbps'])} Gb/s vs "
         f"typical {rounded(typical)} Gb/s ({s['slow']} of {s['links']} links slow)",
+        [nodes.hosts[node]],
+        f"slow node {nodes.hosts[node]}",
     )
 
 
@@ -262,6 +274,8 @@ def _slow_link(nodes: _Nodes, rail: int, s: dict, typical: float, found: _Findin
         f"slow link {nodes.who(a, rail)} <-> {nodes.who(b, rail)}: {rounded(s['gbps'])} Gb/s vs "
         f"typical {rounded(typical)} Gb/s; their other links {rounded(s['others_gbps'][0])} and "
         f"{rounded(s['others_gbps'][1])} Gb/s; exclude {', '.join(hosts[e] for e in s['exclude'])}",
+        [hosts[e] for e in s["exclude"]],
+        f"slow link {hosts[a]}<->{hosts[b]}",
     )
 
 
@@ -285,6 +299,8 @@ def _within_nodes(
             "slow_node",
             f"slow node {nodes.who(node)} within the node: {s['gbps']} Gb/s between its ranks "
             f"vs typical {s['typical_gbps']} Gb/s",
+            [nodes.hosts[node]],
+            f"slow node {nodes.hosts[node]} within the node",
         )
         found.exclude.add(node)
 
