@@ -50,6 +50,7 @@ def test_clean_two_ranks_pass_and_leak_no_secret(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(report_path.read_text())
     assert report["ok"] and report["world_size"] == 2 and report["backend"] == "gloo"
+    assert report["verdict"] == ("pass" if report["authenticated"] else "unauthenticated")
     assert report["launcher"] == "torchelastic"
     # One job-wide salt: the equal secrets hash equal, so the ranks form one group.
     assert report["comparison"]["groups"] == [[0, 1]]

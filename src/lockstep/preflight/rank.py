@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from lockstep.env import compare, fingerprint
-from lockstep.errors import CheckFailed, RankTimeout
+from lockstep.errors import EXIT_TIMEOUT, CheckFailed, RankTimeout
 from lockstep.launch.detect import RankInfo
 from lockstep.preflight import collectives, job_key, report, verdict
 from lockstep.preflight.lines import first_line, ranges
@@ -217,6 +217,14 @@ def _decide(
     )
     result["elapsed_s"] = round(time.perf_counter() - started, 3)  # rank 0, after import torch
     result["authenticated"] = store.signer.authenticated
+    # docs/json.md's exit-code table: what the verdict line says, for scripts reading the JSON
+    result["verdict"] = (
+        ("pass" if result["authenticated"] else "unauthenticated")
+        if result["ok"]
+        else "timeout"
+        if result["exit_code"] == EXIT_TIMEOUT
+        else "fail"
+    )
     verdict_board = CheckIn(store, "verdict")
     verdict_board.answer(result["exit_code"])
     report.emit(result, json_path=Path(options.json) if options.json else None)
