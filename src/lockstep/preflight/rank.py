@@ -379,8 +379,9 @@ def answer_checkin(
 
 
 def read_fingerprints(store: Store, groups: list[list[int]]) -> dict[int, dict]:
-    """Rank 0: each group's representative's full fingerprint."""
-    return {g[0]: store.get(f"fp/{g[0]}") for g in groups}
+    """Rank 0: each group's representative's full fingerprint, in one round trip."""
+    firsts = [g[0] for g in groups]
+    return dict(zip(firsts, store.get_many([f"fp/{r}" for r in firsts]), strict=True))
 
 
 def _silent_ranks(job: _Job) -> str | None:

@@ -183,7 +183,7 @@ def pair_links(lay: Layout, records: dict[int, list[dict]]) -> tuple[list[dict],
         link = {
             "a": a,
             "b": b,
-            "rail": lay.ranks[a].index(lo),
+            "rail": lay.rail_of(lo),
             "ranks": [lo, hi],
             "round": rnd,
             "gbps": min(d["gbps_out"] for d in dirs.values()),
