@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import io
 import json
 import multiprocessing
@@ -159,6 +160,8 @@ def records(r: int, per: int, rounds: list, offset: int) -> list[dict]:
 def _writer(conn, lanes: list[int], lane_count: int, n: int, per: int, stagger_s: float) -> None:
     """One process of synthetic ranks: a TCPStore client per lane (thread), connected in turn;
     then, per wave asked, each lane posts for its ranks (r % lane_count == lane, r > 0)."""
+    with contextlib.suppress(OSError):  # PR_SET_PDEATHSIG: end with the benchmark, never after
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
     port, nonce, checks = conn.recv()
     stores: list[Store] = []
     for lane in lanes:
