@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from lockstep.launch import free_port
-from lockstep.preflight.store import Refused, Signer, connect
+from lockstep.preflight.store import BATCH, CheckIn, Refused, Signer, connect
 
 KEY = b"a1" * 16
 MESSAGES = {"unreachable": "-", "cannot_serve": "-", "name": "-"}
@@ -61,6 +61,24 @@ def test_what_another_writer_put_is_refused_by_name(served):
     with pytest.raises(Refused, match="lockstep/test/garbage"):
         store.get_many(["c", "garbage"])
     assert store.get("c") == 7
+
+
+def test_a_check_in_gathers_in_batches_and_names_each_forged_post(served):
+    """Rank 0 reads the posts a batch per call (issue 38); a forged post refused by name, a
+    missing one left out, the honest ones in the same batch kept."""
+    store, n = honest(served.prefixed("gather")), BATCH + 3
+    board = CheckIn(store, "checkin")
+    for k in range(n):
+        if k != 5:  # never posted
+            board.post(k, {"k": k})
+    raw = bytes(served.raw.get("gather/checkin/post/7"))
+    served.raw.set("gather/checkin/post/7", raw.replace(b'"k": 7', b'"k": 8'))
+    board = CheckIn(store, "checkin")
+    got = board.gather(n, 0, lambda v: isinstance(v, dict))
+    assert sorted(got) == [k for k in range(n) if k not in (5, 7)]
+    assert got[BATCH + 2] == {"k": BATCH + 2}
+    assert list(board.refused) == [7]
+    assert "forged value at lockstep/test/gather/checkin/post/7" in board.refused[7].detail
 
 
 def test_without_a_key_values_travel_unsigned_and_a_keyed_reader_refuses_them(served):

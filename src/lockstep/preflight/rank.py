@@ -199,7 +199,7 @@ def _decide(
             judge_intra=job.device.type == "cuda",
             nbytes=link_stage.stage_bytes(job.device),
         )
-    fingerprints = {g[0]: store.get(f"fp/{g[0]}") for g in gathered.groups}
+    fingerprints = read_fingerprints(store, gathered.groups)
     result = verdict.build_report(
         launcher=job.info.launcher,
         backend=job.backend,
@@ -342,23 +342,10 @@ def _check_in(job: _Job, identity: dict) -> str:
     info, timeout_s, checkin = job.info, job.timeout_s, job.checkin
     checkin.post(info.rank, identity, who=socket.gethostname())
     if info.rank == 0:
-        posted = checkin.gather(info.world_size, time.monotonic() + timeout_s, _is_identity)
-        missing = [r for r in range(info.world_size) if r not in posted]
-        answer = {"missing": missing, "salt": secrets.token_hex(8), "blocked": None}
-        if checkin.refused:  # forged or malformed check-ins: named, never believed
-            answer["blocked"] = "preflight: " + " | ".join(
-                r.detail for r in checkin.refused.values()
-            )
-        elif not missing:
-            identities = [posted[r] for r in range(info.world_size)]
-            names = registry.blocking(job.backend)
-            blocked = verdict.blocking(identities, info.launcher, job.backend, names)
-            if blocked:
-                answer["blocked"] = blocked["line"]
-                if job.options.json:
-                    text = json.dumps(blocked, indent=2, sort_keys=True) + "\n"
-                    Path(job.options.json).write_text(text)
-        checkin.answer(answer)
+        answer = answer_checkin(
+            checkin, info.world_size, timeout_s, info.launcher, job.backend, job.options.json
+        )
+        missing = answer["missing"]
         if missing or answer["blocked"]:  # about to exit: let the ranks that did arrive read why
             checkin.linger(info.world_size - len(missing) - 1, timeout_s)
     else:
@@ -376,6 +363,33 @@ def _check_in(job: _Job, identity: dict) -> str:
             f"{timeout_s:g}s (not started, crashed, or launched with another MASTER_ADDR/PORT)"
         )
     return answer["salt"]
+
+
+def answer_checkin(
+    checkin: CheckIn, world: int, timeout_s: float, launcher: str, backend: str, json_path
+) -> dict:
+    """Rank 0's half of the check-in: gather every identity (`checkin` keeps them: the
+    verdict reads them from there, not from the store again), decide, post the answer."""
+    posted = checkin.gather(world, time.monotonic() + timeout_s, _is_identity)
+    missing = [r for r in range(world) if r not in posted]
+    answer = {"missing": missing, "salt": secrets.token_hex(8), "blocked": None}
+    if checkin.refused:  # forged or malformed check-ins: named, never believed
+        answer["blocked"] = "preflight: " + " | ".join(r.detail for r in checkin.refused.values())
+    elif not missing:
+        identities = [posted[r] for r in range(world)]
+        blocked = verdict.blocking(identities, launcher, backend, registry.blocking(backend))
+        if blocked:
+            answer["blocked"] = blocked["line"]
+            if json_path:
+                Path(json_path).write_text(json.dumps(blocked, indent=2, sort_keys=True) + "\n")
+    checkin.answer(answer)
+    return answer
+
+
+def read_fingerprints(store: Store, groups: list[list[int]]) -> dict[int, dict]:
+    """Rank 0: each group's representative's full fingerprint, in one round trip."""
+    firsts = [g[0] for g in groups]
+    return dict(zip(firsts, store.get_many([f"fp/{r}" for r in firsts]), strict=True))
 
 
 def _silent_ranks(job: _Job) -> str | None:

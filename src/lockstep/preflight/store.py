@@ -35,6 +35,7 @@ from lockstep.errors import CheckFailed, RankTimeout, UsageError
 from lockstep.preflight.lines import first_line
 
 POLL_S = 0.05
+BATCH = 1024  # keys a batched read asks for in one round trip
 _MAGIC = b"lockstep-mac1"
 _DOMAIN = b"lockstep-preflight-1"
 _NO_NONCE = "-"  # the nonce's own envelope: signed before any run nonce exists
@@ -188,8 +189,9 @@ class Store:
                 raise refused
             time.sleep(POLL_S)
 
-    def has(self, key: str) -> bool:
-        return self.raw.check([key])
+    def has(self, *keys: str) -> bool:
+        """Whether every one of `keys` is set (one round trip)."""
+        return self.raw.check(list(keys))
 
     def add(self, key: str, amount: int = 1) -> int:
         return self.raw.add(key, amount)
@@ -273,16 +275,25 @@ class CheckIn:
         """Index 0: what arrived of `expected` posts by `deadline` (monotonic), each post of
         the `shape` given (else refused)."""
         self.store.wait_count(f"{self.prefix}/count", expected, deadline)
-        keys = [k for k in range(expected) if self.store.has(f"{self.prefix}/post/{k}")]
-        for k in keys:
+        for start in range(0, expected, BATCH):  # one round trip a batch (issue 38)
+            keys = [f"{self.prefix}/post/{k}" for k in range(start, min(start + BATCH, expected))]
             try:
-                wrapped = self.store.get(f"{self.prefix}/post/{k}", _posted(shape))
-            except Refused as err:
-                self.refused[k] = err
-                continue
-            self._got[k] = wrapped["v"]
-            self._challenges[str(k)] = wrapped["fresh"]
+                got = self.store.get_many(keys, _posted(shape)) if self.store.has(*keys) else None
+            except Refused:  # read again one by one below: each refusal named, the rest kept
+                got = None
+            for k, key in enumerate(keys, start):
+                try:
+                    wrapped = got[k - start] if got else self._one(key, shape)
+                except Refused as err:
+                    self.refused[k] = err
+                    continue
+                if wrapped is not None:
+                    self._got[k] = wrapped["v"]
+                    self._challenges[str(k)] = wrapped["fresh"]
         return dict(self._got)
+
+    def _one(self, key: str, shape):
+        return self.store.get(key, _posted(shape)) if self.store.has(key) else None
 
     def read(self, index: int):
         """One index's post (after `gather` on index 0, from what it gathered)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
+from functools import cached_property
 
 _HOST_BYTES = 64
 
@@ -16,10 +17,16 @@ class Layout:
     local: list[int]  # rank -> its local rank
 
     def node_of(self, rank: int) -> int:
-        return next(k for k, rs in enumerate(self.ranks) if rank in rs)
+        return self._where[rank][0]
 
     def rail_of(self, rank: int) -> int:
-        return self.ranks[self.node_of(rank)].index(rank)
+        return self._where[rank][1]
+
+    @cached_property
+    def _where(self) -> dict[int, tuple[int, int]]:
+        """rank -> (node, rail): an index built once, not a scan of every node per rank (at
+        64k ranks the scans took minutes, issue 38)."""
+        return {r: (k, i) for k, rs in enumerate(self.ranks) for i, r in enumerate(rs)}
 
 
 def layout(dist, torch, device, local_rank: int | None) -> Layout:
@@ -31,26 +38,27 @@ def layout(dist, torch, device, local_rank: int | None) -> Layout:
     rows = [r.cpu().tolist() for r in out]
     hosts_of = [bytes(r[:_HOST_BYTES]).rstrip(b"\0").decode(errors="replace") for r in rows]
     local = [r[-1] - 1 for r in rows]
-    hosts: list[str] = []
-    for h in hosts_of:
-        if h not in hosts:
-            hosts.append(h)
-    ranks = [
-        sorted((r for r, h in enumerate(hosts_of) if h == host), key=lambda r: (local[r], r))
-        for host in hosts
-    ]
-    return Layout(hosts=hosts, ranks=ranks, local=local)
+    by_host = _group(hosts_of)
+    ranks = [sorted(rs, key=lambda r: (local[r], r)) for rs in by_host.values()]
+    return Layout(hosts=list(by_host), ranks=ranks, local=local)
+
+
+def _group(hosts_of: list[str]) -> dict[str, list[int]]:
+    """host -> its ranks in rank order, hosts in the order of their first rank (one pass)."""
+    by_host: dict[str, list[int]] = {}
+    for r, h in enumerate(hosts_of):
+        by_host.setdefault(h, []).append(r)
+    return by_host
 
 
 def layout_from_identities(identities: list[dict]) -> Layout:
     """The layout from the check-in's identities (rank 0's), where the stage's own exchange
     failed."""
-    hosts: list[str] = []
+    by_host: dict[str, list[int]] = {}
     for ident in identities:
-        if ident["host"] not in hosts:
-            hosts.append(ident["host"])
-    ranks = [[i["rank"] for i in identities if i["host"] == h] for h in hosts]
-    return Layout(hosts=hosts, ranks=ranks, local=[i.get("local_rank") or 0 for i in identities])
+        by_host.setdefault(ident["host"], []).append(ident["rank"])
+    local = [i.get("local_rank") or 0 for i in identities]
+    return Layout(hosts=list(by_host), ranks=list(by_host.values()), local=local)
 
 
 def plan_partner(
@@ -59,8 +67,7 @@ def plan_partner(
     """This rank's peer in a round: `pairs` of node indices, or None for the intra-node round
     (rails 0-1, 2-3, ... of each node). Between nodes only local ranks below `rails` (None:
     all) take part."""
-    node = lay.node_of(rank)
-    rail = lay.ranks[node].index(rank)
+    node, rail = lay.node_of(rank), lay.rail_of(rank)
     if pairs is None:
         peer_rail = rail ^ 1
         mine = lay.ranks[node]

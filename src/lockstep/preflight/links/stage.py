@@ -126,22 +126,7 @@ def _second_plan(
     """Rank 0 reads the first pass, posts the rest (`schedule.second_plan`: the slow links
     again, and beyond the full matrix the second pass); the others wait for it."""
     if rank == 0:
-        got = pass1.gather(world, time.monotonic() + timeout_s, _is_records)
-        missing = [r for r in range(world) if r not in got]
-        if pass1.refused:  # a forged or malformed record: every rank ends, rank 0 names it
-            pass1.answer({"abort": sorted(pass1.refused)})
-            raise next(iter(pass1.refused.values()))
-        if missing:
-            pass1.answer({"abort": missing})
-            raise LinkStageFailed(f"ranks {missing} sent no first-pass results")
-        plan = schedule.second_plan(
-            len(lay.hosts),
-            pair_links(lay, got)[0],
-            sampled=kind == "sampled",
-            min_link_gbps=min_link_gbps,
-        )
-        answer = {"rounds": plan}
-        pass1.answer(answer)
+        answer = post_second_plan(pass1, lay, world, timeout_s, kind, min_link_gbps)
     else:
         answer = pass1.await_answer(timeout_s + 10, _is_plan)
         if answer is None:
@@ -149,6 +134,35 @@ def _second_plan(
     if "abort" in answer:
         raise LinkStageFailed(f"ranks {answer['abort']} sent no first-pass results")
     return [[tuple(p) for p in rnd] for rnd in answer["rounds"]]
+
+
+def post_second_plan(
+    pass1: CheckIn,
+    lay: Layout,
+    world: int,
+    timeout_s: float,
+    kind: str,
+    min_link_gbps: float | None,
+) -> dict:
+    """Rank 0: read every rank's first-pass records, post the rest of the schedule (or an
+    abort naming the ranks missing or refused)."""
+    got = pass1.gather(world, time.monotonic() + timeout_s, _is_records)
+    missing = [r for r in range(world) if r not in got]
+    if pass1.refused:  # a forged or malformed record: every rank ends, rank 0 names it
+        pass1.answer({"abort": sorted(pass1.refused)})
+        raise next(iter(pass1.refused.values()))
+    if missing:
+        pass1.answer({"abort": missing})
+        raise LinkStageFailed(f"ranks {missing} sent no first-pass results")
+    plan = schedule.second_plan(
+        len(lay.hosts),
+        pair_links(lay, got)[0],
+        sampled=kind == "sampled",
+        min_link_gbps=min_link_gbps,
+    )
+    answer = {"rounds": plan}
+    pass1.answer(answer)
+    return answer
 
 
 def pair_links(lay: Layout, records: dict[int, list[dict]]) -> tuple[list[dict], list[dict]]:
@@ -169,7 +183,7 @@ def pair_links(lay: Layout, records: dict[int, list[dict]]) -> tuple[list[dict],
         link = {
             "a": a,
             "b": b,
-            "rail": lay.ranks[a].index(lo),
+            "rail": lay.rail_of(lo),
             "ranks": [lo, hi],
             "round": rnd,
             "gbps": min(d["gbps_out"] for d in dirs.values()),

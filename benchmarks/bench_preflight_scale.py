@@ -1,0 +1,416 @@
+"""Preflight at scale (issue 38): rank 0's real code against N synthetic ranks.
+
+    python benchmarks/bench_preflight_scale.py [--sizes 1024 4096 16384 65536] [--cap-s 120]
+        [--per-node 8] [--procs 4] [--threads 8] [--collective-s 0.05] [--link-round-s 0.2]
+
+Real: the TCPStore (libuv, served by rank 0's process, as preflight serves it), the clients
+(`--procs` x `--threads` TCPStore connections, connected one after another before any timing),
+every value signed with one job key under the run's nonce by `preflight.store.Store` (the
+synthetic ranks post through `CheckIn.post`, the ranks' own code), and rank 0's code paths:
+`rank.answer_checkin` (check-in gather and answer), `collectives.open_bytes`/`open_ints` and
+`compare.group_ranks` (the gathered digests and rows), `layout.layout` (the CPU part every rank
+runs), `links.stage.post_second_plan` (first-pass records read, the rest of the schedule
+posted), `links.stage.collect` (every rank's link records, `section.assess`),
+`rank.read_fingerprints` + `compare.compare_ranks` + `verdict.build_report`, `report.emit`.
+Emulated: the ranks themselves (N ranks' posts carried by the few clients above, written
+before each timed phase: the time rank 0 waits for stragglers is not in the figures), the
+transport of every collective (the all-gathers' results are handed to rank 0's code
+directly), the link measurements (healthy synthetic figures: 370 Gb/s +-5%, 8 ranks a node,
+every rail measured as on GPUs). Collectives and link rounds are priced by the per-round cost
+model printed beside the figures: ASSUMED, until measured on the bed.
+
+Store operations: every call rank 0's `Store` makes to the TCPStore (a multi_get or a check of
+many keys is one operation; the keys it carries are counted apart), and the synthetic ranks'.
+A size whose timed phases pass `--cap-s` is reported as more than the cap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import io
+import json
+import multiprocessing
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from lockstep.env import compare, fingerprint
+from lockstep.preflight import collectives, rank, report, verdict
+from lockstep.preflight.links import schedule
+from lockstep.preflight.links import stage as link_stage
+from lockstep.preflight.links.layout import layout
+from lockstep.preflight.local.check import result
+from lockstep.preflight.local.registry import LOCAL_CHECKS
+from lockstep.preflight.store import CheckIn, Signer, Store
+
+KEY = b"bench-preflight-scale-job-key-32b"
+PREFIX = "lockstep/preflight/bench.0"
+GPU_NAME = "NVIDIA H100 80GB HBM3"
+COLLECTIVE_ROUNDS = 11  # init, digests, 4 verified collectives, 3 all_reduce sizes, rows, layout
+
+
+class Capped(Exception):
+    """The timed phases passed --cap-s."""
+
+
+class Counting:
+    """The raw store, every call counted (rank 0's side of the traffic)."""
+
+    def __init__(self, raw):
+        self.raw, self.ops, self.keys = raw, 0, 0
+
+    def _count(self, keys: int = 1) -> None:
+        self.ops += 1
+        self.keys += keys
+
+    def set(self, key, value):
+        self._count()
+        return self.raw.set(key, value)
+
+    def get(self, key):
+        self._count()
+        return self.raw.get(key)
+
+    def multi_get(self, keys):
+        self._count(len(keys))
+        return self.raw.multi_get(keys)
+
+    def check(self, keys):
+        self._count(len(keys))
+        return self.raw.check(keys)
+
+    def add(self, key, amount):
+        self._count()
+        return self.raw.add(key, amount)
+
+    def wait(self, keys, timeout):
+        self._count(len(keys))
+        return self.raw.wait(keys, timeout)
+
+
+def host_of(r: int, per: int) -> str:
+    return f"gpu-node-{r // per:05d}"
+
+
+def identity(r: int, n: int, per: int, checks: list[dict]) -> dict:
+    """What `rank._identity` posts, for a synthetic rank."""
+    node = r // per
+    return {
+        "rank": r,
+        "host": host_of(r, per),
+        "address": f"10.{node >> 16 & 255}.{node >> 8 & 255}.{node & 255}",
+        "node": node,
+        "local_rank": r % per,
+        "launcher": "srun",
+        "world_size": n,
+        "gpu": {"index": r % per, "name": GPU_NAME, "uuid": f"{r:08x}-0000-4000-8000-000000000000"},
+        "checks": checks,
+    }
+
+
+def partners(rounds: list) -> list[dict[int, int] | None]:
+    """Per round: node -> the node it pairs with (None: the intra-node round)."""
+    return [
+        None if pairs is None else {x: y for a, b in pairs for x, y in ((a, b), (b, a))}
+        for pairs in rounds
+    ]
+
+
+def records(r: int, per: int, rounds: list, offset: int) -> list[dict]:
+    """Rank r's link records for `rounds` (`partners`' maps), healthy figures."""
+    rng = random.Random(r * 7919 + offset)
+    node, rail = divmod(r, per)
+    out = []
+    for k, pairs in enumerate(rounds):
+        if pairs is None:
+            peer = r ^ 1 if (rail ^ 1) < per else None
+        else:
+            other = pairs.get(node)
+            peer = None if other is None else other * per + rail
+        if peer is None:
+            continue
+        out.append(
+            {
+                "peer": peer,
+                "round": offset + k,
+                "intra": pairs is None,
+                "gbps_out": round(370 * rng.uniform(0.95, 1.05), 4),
+                "latency_us": round(rng.uniform(6, 9), 2),
+                "reps": 5,
+                "starved_reps": 0,
+                "extra_reps": 0,
+                "starved": None,
+                "cpu_wait_known": True,
+            }
+        )
+    return out
+
+
+def _writer(conn, lanes: list[int], lane_count: int, n: int, per: int, stagger_s: float) -> None:
+    """One process of synthetic ranks: a TCPStore client per lane (thread), connected in turn;
+    then, per wave asked, each lane posts for its ranks (r % lane_count == lane, r > 0)."""
+    with contextlib.suppress(OSError):  # PR_SET_PDEATHSIG: end with the benchmark, never after
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    port, nonce, checks = conn.recv()
+    stores: list[Store] = []
+    for lane in lanes:
+        time.sleep(stagger_s)
+        raw = dist.TCPStore("127.0.0.1", port, is_master=False, use_libuv=True,
+                            timeout=timedelta(seconds=600))  # fmt: skip
+        prefixed = Counting(dist.PrefixStore(PREFIX, raw))
+        stores.append(Store(prefixed, Signer(KEY, nonce), f"lane {lane}", PREFIX + "/"))
+    conn.send("connected")
+    while True:
+        wave = conn.recv()
+        if wave is None:
+            return
+
+        maps = [partners(rounds) for rounds in wave[1:]]
+        before = sum(s.raw.ops for s in stores)
+
+        def post(lane: int, store: Store, wave=wave, maps=maps) -> None:
+            for r in range(lane or lane_count, n, lane_count):
+                store.by = f"rank {r} on {host_of(r, per)}"
+                if wave[0] == "checkin":
+                    value = identity(r, n, per, checks)
+                elif wave[0] == "links/pass1":
+                    value = records(r, per, maps[0], 0)
+                else:
+                    done = records(r, per, maps[0], 0) + records(r, per, maps[1], len(maps[0]))
+                    value = {"status": {"state": "done"}, "records": done}
+                CheckIn(store, wave[0]).post(r, value, who=host_of(r, per))
+
+        threads = [threading.Thread(target=post, args=x) for x in zip(lanes, stores, strict=True)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        conn.send(sum(s.raw.ops for s in stores) - before)
+
+
+class Writers:
+    """The synthetic ranks' clients, in `procs` processes of `threads` lanes."""
+
+    def __init__(self, n: int, per: int, procs: int, threads: int, stagger_s: float):
+        ctx = multiprocessing.get_context("fork")
+        lanes = procs * threads
+        self.pipes, self.procs, self.ops = [], [], 0
+        for p in range(procs):
+            mine, theirs = ctx.Pipe()
+            args = (theirs, list(range(p * threads, (p + 1) * threads)), lanes, n, per, stagger_s)
+            proc = ctx.Process(target=_writer, args=args, daemon=True)
+            proc.start()
+            self.pipes.append(mine)
+            self.procs.append(proc)
+        self.clients = lanes
+
+    def connect(self, port: int, nonce: str, checks: list[dict]) -> None:
+        for pipe in self.pipes:  # one process at a time: its connects are staggered
+            pipe.send((port, nonce, checks))
+            assert pipe.recv() == "connected"
+
+    def wave(self, *what) -> float:
+        """Every synthetic rank posts (wall seconds)."""
+        start = time.perf_counter()
+        for pipe in self.pipes:
+            pipe.send(what)
+        self.ops += sum(pipe.recv() for pipe in self.pipes)
+        return time.perf_counter() - start
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            pipe.send(None)
+        for proc in self.procs:
+            proc.join(10)
+
+
+class FakeGather:
+    """The collective's transport, emulated: `all_gather` hands over every rank's row."""
+
+    def __init__(self, rows: list[list[int]]):
+        self.rows = rows
+
+    def get_world_size(self) -> int:
+        return len(self.rows)
+
+    def all_gather(self, out, _mine) -> None:
+        for i, row in enumerate(self.rows):
+            out[i] = torch.tensor(row)
+
+
+class Timer:
+    """Timed phases: each phase's seconds and rank 0's store operations; the cap over all."""
+
+    def __init__(self, counting: Counting, cap_s: float):
+        self.counting, self.left, self.phases = counting, cap_s, []
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        ops, keys, start = self.counting.ops, self.counting.keys, time.perf_counter()
+        signal.signal(signal.SIGALRM, _capped)
+        signal.setitimer(signal.ITIMER_REAL, max(self.left, 0.001))
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            took = time.perf_counter() - start
+            self.left -= took
+            row = (name, took, self.counting.ops - ops, self.counting.keys - keys)
+            self.phases.append(row)
+
+
+def _capped(*_):
+    raise Capped()
+
+
+def run_size(n: int, per: int = 8, procs: int = 4, threads: int = 8, cap_s: float = 120.0,
+             stagger_s: float = 0.002, out=sys.stdout) -> dict:  # fmt: skip
+    """One emulated job of `n` ranks; the phases, the ops and the verdict."""
+    checks = [result(c.name, "ok", f"{c.name}: ok (synthetic)") for c in LOCAL_CHECKS]
+    writers = Writers(n, per, procs, threads, stagger_s)
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=True,
+                           wait_for_workers=False, timeout=timedelta(seconds=600))  # fmt: skip
+    counting = Counting(dist.PrefixStore(PREFIX, server))
+    store = Store(counting, Signer(KEY), "rank 0 on bench", PREFIX + "/")
+    store = store.begin_run(make=True, within_s=10)
+    timer, setup, got = Timer(counting, cap_s), {}, {"n": n, "capped": False}
+    try:
+        start = time.perf_counter()
+        writers.connect(server.port, store.signer.nonce, checks)
+        setup["connect"] = time.perf_counter() - start
+        checkin = CheckIn(store, "checkin")
+        checkin.post(0, identity(0, n, per, checks))
+        setup["checkin"] = writers.wave("checkin")
+        fp = fingerprint.collect()
+        ignored = compare.Ignored()
+        digest = compare.section_digests(fp, ignored)
+        sealed = [collectives.seal_bytes(store.signer, "digests", r, digest) for r in range(n)]
+        row = [1, 1, 1, 1, 2_000_000, 9_000_000, 30_000_000, 12345]
+        rows = [collectives.seal_ints(store.signer, "rows", r, row) for r in range(n)]
+        hosts = [[*host_of(r, per).encode().ljust(64, b"\0"), r % per + 1] for r in range(n)]
+        with timer.phase("check-in: gather, answer"):
+            answer = rank.answer_checkin(checkin, n, 60.0, "srun", "nccl", None)
+        assert not answer["missing"] and not answer["blocked"], answer
+        with timer.phase("digests, rows: open, group"):
+            digests = [collectives.open_bytes(store.signer, "digests", r, s) for r, s in
+                       enumerate(sealed)]  # fmt: skip
+            opened = [collectives.open_ints(store.signer, "rows", r, x) for r, x in enumerate(rows)]
+            groups = compare.group_ranks(digests)
+            store.put_text("fp/0", fingerprint.canonical_json(fp))
+        with timer.phase("layout (every rank)"):
+            lay = layout(FakeGather(hosts), torch, torch.device("cpu"), 0)
+        kind, first = schedule.schedule(len(lay.hosts))
+        first_rounds = [None, *first]
+        pass1 = CheckIn(store, "links/pass1")
+        pass1.post(0, records(0, per, partners(first_rounds), 0))
+        setup["links/pass1"] = writers.wave("links/pass1", first_rounds)
+        with timer.phase("links: first pass read, plan"):
+            plan = link_stage.post_second_plan(pass1, lay, n, 60.0, kind, None)["rounds"]
+        rest = [[tuple(p) for p in rnd] for rnd in plan]
+        done = records(0, per, partners(first_rounds), 0)
+        done += records(0, per, partners(rest), len(first_rounds))
+        CheckIn(store, "links/end").post(0, {"status": {"state": "done"}, "records": done})
+        setup["links/end"] = writers.wave("links/end", first_rounds, rest)
+        with timer.phase("links: records read, assess"):
+            identities = [checkin.read(r) for r in range(n)]
+            section = link_stage.collect(store, lay, world=n, identities=identities,
+                                         timeout_s=60.0, started=time.monotonic(),
+                                         min_link_gbps=None, judge_intra=True,
+                                         nbytes=link_stage.GPU_BYTES)  # fmt: skip
+        with timer.phase("verdict: fingerprints, compare, build"):
+            fingerprints = rank.read_fingerprints(store, groups)
+            measurements = [{"collectives": dict.fromkeys(collectives.COLLECTIVES, True),
+                             "allreduce_seconds": [x / 1e9 for x in r[4:7]],
+                             "matmul_checksum": r[7]} for r in opened]  # fmt: skip
+            built = verdict.build_report(
+                launcher="srun",
+                backend="nccl",
+                identities=identities,
+                comparison=compare.compare_ranks(digests, fingerprints, identities, ignored),
+                fingerprints=fingerprints,
+                measurements=measurements,
+                sizes=collectives.GPU_SIZES,
+                links=section,
+            )
+        built.update(elapsed_s=0.0, authenticated=True)  # what rank._decide adds
+        with timer.phase("report: --json, console"), tempfile.TemporaryDirectory() as tmp:
+            with contextlib.redirect_stdout(io.StringIO()):
+                report.emit(built, json_path=Path(tmp) / "report.json")
+            got["json_bytes"] = (Path(tmp) / "report.json").stat().st_size
+            CheckIn(store, "verdict").answer(built["exit_code"])
+        got.update(exit_code=built["exit_code"], problems=built.get("problems", []))
+        got["link_rounds"] = len(first_rounds) + len(rest)
+    except Capped:
+        got["capped"] = True
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        writers.close()
+    got.update(phases=timer.phases, setup=setup, rank0_ops=counting.ops, rank0_keys=counting.keys,
+               ranks_ops=writers.ops, clients=writers.clients, cap_s=cap_s)  # fmt: skip
+    got["measured_s"] = sum(p[1] for p in timer.phases)
+    got["load"] = os.getloadavg()[0]
+    return got
+
+
+def show(got: dict, collective_s: float, link_round_s: float, out=sys.stdout) -> None:
+    n = got["n"]
+    load = got.get("load", os.getloadavg()[0])
+    print(
+        f"\n== N={n:,} ranks ({n // 8:,} nodes of 8), {got['clients']} real clients, "
+        f"load average {load:.1f} at the end",
+        file=out,
+    )
+    for name, secs in got["setup"].items():
+        print(f"   setup (not timed) {name:<28} {secs:8.2f} s", file=out)
+    print(f"   {'phase (rank 0, real code)':<40} {'s':>8} {'store ops':>10} {'keys':>8}", file=out)
+    for name, secs, ops, keys in got["phases"]:
+        print(f"   {name:<40} {secs:8.2f} {ops:10,} {keys:8,}", file=out)
+    if got["capped"]:
+        print(f"   MORE THAN THE CAP: {got['cap_s']:g} s (the phases after it not run)", file=out)
+        return
+    model = COLLECTIVE_ROUNDS * collective_s + got["link_rounds"] * link_round_s
+    print(
+        f"   measured {got['measured_s']:.2f} s; rank 0's store ops {got['rank0_ops']:,} "
+        f"({got['rank0_keys']:,} keys), the ranks' {got['ranks_ops']:,}; exit code "
+        f"{got['exit_code']}; --json {got['json_bytes'] / 1e6:.1f} MB\n"
+        f"   cost model (ASSUMED, not measured): {COLLECTIVE_ROUNDS} collectives x "
+        f"{collective_s:g} s + {got['link_rounds']} link rounds x {link_round_s:g} s = "
+        f"{model:.1f} s; total {got['measured_s'] + model:.1f} s",
+        file=out,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
+    parser.add_argument("--cap-s", type=float, default=120.0)
+    parser.add_argument("--per-node", type=int, default=8)
+    parser.add_argument("--procs", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--collective-s", type=float, default=0.05)
+    parser.add_argument("--link-round-s", type=float, default=0.2)
+    parser.add_argument("--json", help="write every size's figures here")
+    args = parser.parse_args()
+    print(__doc__.split("\n\n")[2].replace("\n", " "))
+    rows = []
+    for n in args.sizes:
+        got = run_size(n, args.per_node, args.procs, args.threads, args.cap_s)
+        show(got, args.collective_s, args.link_round_s)
+        rows.append(got)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,30 @@
+"""The scale benchmark's smallest size (issue 38), so it cannot rot: rank 0's real code against
+64 synthetic ranks in a real libuv TCPStore, every value signed; rank 0 reads in batches."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+BENCH = Path(__file__).parents[2] / "benchmarks" / "bench_preflight_scale.py"
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_preflight_scale", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_64_synthetic_ranks_pass_with_batched_reads():
+    n = 64
+    got = _bench().run_size(n, procs=2, threads=2, cap_s=30.0)
+    assert not got["capped"]
+    assert got["exit_code"] == 0, got["problems"]
+    assert got["phases"][0][0] == "check-in: gather, answer"
+    # rank 0 read every check-in, first-pass record and link status (3 N keys and more)...
+    assert got["rank0_keys"] >= 3 * n
+    # ...in batches: on main's code it made two calls a key (about 6 N operations)
+    assert got["rank0_ops"] <= n // 2
+    # each synthetic rank posts three times, three operations each
+    assert got["ranks_ops"] == 9 * (n - 1)
