@@ -66,10 +66,11 @@ def agree(
                 rows32=(base_rows, other_rows),
             )
             replay = (found.forensics.get("verdict") or {}).get("kind")
-            if div.metric in nf.METRICS:
-                floor_verdict(found, sides[base], (base_rows, other_rows), workdir / name,
-                              rtol, atol, decides=replay not in ("noise", "factor", "dependence"))  # fmt: skip
-            if replay == "noise" or found.verdict == "pass":
+            later = False  # beyond the floor later (a dependence the replay proved: no floor)
+            if div.metric in nf.METRICS and replay not in ("factor", "dependence"):
+                later = floor_verdict(found, sides[base], (base_rows, other_rows), workdir / name,
+                              rtol, atol, decides=replay != "noise", after=div.step)  # fmt: skip
+            if (replay == "noise" and not later) or found.verdict == "pass":
                 found.passed, found.judged = True, True
                 how = "a float64 replay" if replay == "noise" else "the noise floor"
                 found.summary = (
@@ -108,24 +109,29 @@ def first_cause(div, diagnosis: str) -> str:
 
 
 def floor_verdict(found: CheckResult, side, rows: tuple[list[dict], list[dict]], out: Path,
-                  rtol: float, atol: float, decides: bool) -> None:  # fmt: skip
+                  rtol: float, atol: float, decides: bool, after: int) -> bool:  # fmt: skip
     """`found` (a failed agreement) with the noise floor: the first side once more with its
     fp32 sums reordered (`noise_floor.reordered`: another intra-op thread count), every step
     judged against it (`noise_floor.judge`), the margin in its lines. Where no float64 replay
     decided (`decides`), the floor does: within it a pass, a metric it cannot judge NOT
-    JUDGED. Collective, like the side."""
+    JUDGED. Where the replay found rounding noise at the first differing step, a difference
+    beyond the floor at a later step (`after` it) still fails: the replay judged one step
+    (True then). Collective, like the side."""
     try:
         with nf.reordered():
             _, perturbed = side(len(rows[0]), None, out / "reordered")
     except Exception as exc:  # an engine that cannot replay: the replay's verdict stands
         found.notes.append(f"no noise floor: the reordered run could not run: {exc!r}")
-        return
+        return False
     judged = _rank0(nf.judge(*rows, nf.measure(rows[0], [perturbed]), rtol, atol))
     found.notes.append(f"noise floor: {judged.text}")
     found.forensics = (found.forensics or {}) | {"noise_floor": judged.to_dict()}
     found.forensics["lines"] = [*found.forensics.get("lines", []), f"noise floor: {judged.text}"]
     if not decides:
-        return
+        if judged.kind == "beyond" and (judged.step or 0) > after:
+            found.summary += f"; rounding at step {after}, but beyond it later: {judged.text}"
+            return True
+        return False
     if judged.kind == "noise":
         found.passed = True
     elif judged.kind == "zero":
@@ -133,6 +139,7 @@ def floor_verdict(found: CheckResult, side, rows: tuple[list[dict], list[dict]],
         found.summary += f"; no float64 replay decides and {judged.text}"
     else:
         found.diagnosis = f"{judged.text}; {found.diagnosis}"
+    return False
 
 
 def _rank0(obj):

@@ -157,7 +157,6 @@ def judge_difference(runner: ScriptRunner, div: Divergence, sizes: tuple[int, in
     the noise floor (`noise_floor.judge`); a replay or floor run that cannot run says why and
     leaves the verdict to the other."""
     base, n = sizes
-    floor, floored, failed = script_floor(runner, base, steps, (runs[base], runs[n]), rtol, atol)
     every_step = False
     try:
         replay, every_step = float64_replay(runner, div, base, n, (runs[base], runs[n]), steps)
@@ -166,6 +165,12 @@ def judge_difference(runner: ScriptRunner, div: Divergence, sizes: tuple[int, in
             "unavailable",
             f"the float64 replay, which would tell rounding noise from a real dependence, "
             f"could not run: {exc}",
+        )
+    if replay.kind in ("factor", "dependence"):  # proved: the floor would add nothing
+        floor, floored, failed = None, None, "noise floor: not measured (the replay decided)"
+    else:
+        floor, floored, failed = script_floor(
+            runner, base, steps, (runs[base], runs[n]), rtol, atol
         )
     floor_text = f"noise floor: {floored.text}" if floored else failed
     forensics = {
