@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lockstep.checks import noise_floor as nf
-from lockstep.checks.divergence_replay import investigated
+from lockstep.checks.divergence_replay import investigated, rank0
 from lockstep.checks.harness import first_param_difference, numeric_tolerance
 from lockstep.checks.result import CheckResult, skipped_notes, tolerance, unsound
 from lockstep.checks.trajectory import first_divergence
@@ -123,7 +123,7 @@ def floor_verdict(found: CheckResult, side, rows: tuple[list[dict], list[dict]],
     except Exception as exc:  # an engine that cannot replay: the replay's verdict stands
         found.notes.append(f"no noise floor: the reordered run could not run: {exc!r}")
         return False
-    judged = _rank0(nf.judge(*rows, nf.measure(rows[0], [perturbed]), rtol, atol))
+    judged = rank0(nf.judge(*rows, nf.measure(rows[0], [perturbed]), rtol, atol))
     found.notes.append(f"noise floor: {judged.text}")
     found.forensics = (found.forensics or {}) | {"noise_floor": judged.to_dict()}
     found.forensics["lines"] = [*found.forensics.get("lines", []), f"noise floor: {judged.text}"]
@@ -140,17 +140,6 @@ def floor_verdict(found: CheckResult, side, rows: tuple[list[dict], list[dict]],
     else:
         found.diagnosis = f"{judged.text}; {found.diagnosis}"
     return False
-
-
-def _rank0(obj):
-    """Rank 0's `obj` on every rank: the ranks go on (or stop) alike."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def combine(name: str, results: list[CheckResult]) -> CheckResult:

@@ -97,7 +97,8 @@ class Findings:
         }
 
 
-def _rank0(obj):
+def rank0(obj):
+    """Rank 0's `obj` on every rank: the ranks go on (or stop) alike."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return obj
     box = [obj]
@@ -157,7 +158,7 @@ def investigate(
             now = (at[0].get(step, {}), at[1].get(step, {}))
             verdict = dv.judge(div.metric, was, now, grads)
         lines.append(f"float64 replay of step {step}: {verdict.text}")
-    return _rank0(Findings(parting, verdict, reproduced, lines))
+    return rank0(Findings(parting, verdict, reproduced, lines))
 
 
 def investigated(result: CheckResult, sides: dict[str, Side], workdir: Path, last_step: int,
