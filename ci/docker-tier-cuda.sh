@@ -22,13 +22,7 @@ cuda_ref=$(docker image inspect --format '{{.Id}}' "$cuda_image")
 echo "built ($(grep -c ' CACHED$' "$CACHE/last-cuda-build.log" || true) steps from the build cache): $cuda_ref, $(docker image inspect --format '{{.Size}}' "$cuda_ref" | numfmt --to=iec) uncompressed"
 
 step "CUDA identity: lock, manifest (with the minimum driver), labels, toolkit variables, user"
-in_image "$cuda_ref" cat "/etc/lockstep/$CUDA_LOCK" | cmp - "$CUDA_LOCK" ||
-	die "the lock in the CUDA image differs from $CUDA_LOCK"
-in_image "$cuda_ref" cat /etc/lockstep/image-manifest.json >"$RUN_DIR/cuda-manifest.json"
-docker image inspect --format '{{json .Config.Labels}}' "$cuda_ref" >"$RUN_DIR/cuda-labels.json"
-tier_py identity "$RUN_DIR/cuda-manifest.json" "$RUN_DIR/cuda-labels.json" --image "$cuda_image" \
-	--base-image "$CPU_BASE_IMAGE" --base-digest "$CPU_BASE_DIGEST" --lock "$CUDA_LOCK" \
-	--git-revision "$GIT_REVISION" --build-time "$BUILD_TIME" || die "CUDA image identity check failed"
+check_identity "$cuda_ref" "$cuda_image" "$CUDA_LOCK" cuda-
 docker image inspect --format '{{json .Config}}' "$cuda_ref" >"$RUN_DIR/cuda-config.json"
 tier_py cuda-config "$RUN_DIR/cuda-config.json" || die "the CUDA image's configuration is not as built"
 

@@ -362,15 +362,22 @@ echo "launch reference: $ref"
 # --------------------------------------------------------------------------- 5. run by digest
 in_image() { docker run --rm --network host --shm-size=1g "$@"; }
 
+# check_identity REF IMAGE LOCK PREFIX: the lock in the image byte for byte, and the manifest
+# (what docker/write-manifest.py makes of the tier's inputs) as its labels carry it; both images.
+check_identity() {
+	local ref=$1 image=$2 lock=$3 prefix=$4
+	in_image "$ref" cat "/etc/lockstep/$lock" | cmp - "$lock" ||
+		die "the lock in the ${prefix:+CUDA }image differs from $lock"
+	in_image "$ref" cat /etc/lockstep/image-manifest.json >"$RUN_DIR/${prefix}manifest.json"
+	docker image inspect --format '{{json .Config.Labels}}' "$ref" >"$RUN_DIR/${prefix}labels.json"
+	tier_py identity "$RUN_DIR/${prefix}manifest.json" "$RUN_DIR/${prefix}labels.json" \
+		--image "$image" --base-image "$CPU_BASE_IMAGE" --base-digest "$CPU_BASE_DIGEST" \
+		--lock "$lock" --git-revision "$GIT_REVISION" --build-time "$BUILD_TIME" ||
+		die "${prefix:+CUDA }image identity check failed"
+}
+
 step "identity: lock, manifest and labels"
-in_image "$ref" cat "/etc/lockstep/$LOCK" | cmp - "$LOCK" ||
-	die "the lock in the image differs from $LOCK"
-in_image "$ref" cat /etc/lockstep/image-manifest.json >"$RUN_DIR/manifest.json"
-docker image inspect --format '{{json .Config.Labels}}' "$ref" >"$RUN_DIR/labels.json"
-# The manifest is what docker/write-manifest.py makes of the tier's inputs; the labels carry it.
-tier_py identity "$RUN_DIR/manifest.json" "$RUN_DIR/labels.json" --image "$image" \
-	--base-image "$CPU_BASE_IMAGE" --base-digest "$CPU_BASE_DIGEST" --lock "$LOCK" \
-	--git-revision "$GIT_REVISION" --build-time "$BUILD_TIME" || die "image identity check failed"
+check_identity "$ref" "$image" "$LOCK" ""
 in_image "$ref" lockstep --version
 
 step "lockstep preflight --nproc 2 (in the image)"
