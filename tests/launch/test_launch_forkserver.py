@@ -4,7 +4,10 @@ them, the launching process's is not."""
 import gc
 import signal
 
+import pytest
+
 from lockstep.launch import run_local
+from lockstep.launch.forkserver import vector_width as applied_width
 
 
 def collector_state() -> tuple[int, bool, int]:
@@ -34,3 +37,28 @@ def death_signal() -> int:
 def test_spawned_ranks_die_with_the_launching_process():
     # device "cuda" picks the spawn start method (GPU ranks); the function touches no GPU
     assert run_local(death_signal, (), nproc=1, name="spawn", device="cuda") == signal.SIGKILL
+
+
+def vector_width() -> str:
+    """On a rank: the width of ATen's vector kernels (fixed at its first kernel)."""
+    import torch
+
+    torch.ones(8).sum()
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def test_a_forked_rank_follows_the_vector_width_its_environment_asks(monkeypatch):
+    # the noise floor's perturbed runs of a --run-path script: no new interpreter needed
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    assert run_local(vector_width, (), nproc=1, name="width", device="cpu") == "DEFAULT"
+
+
+def test_a_width_asked_too_late_fails_instead_of_measuring_nothing(monkeypatch):
+    import torch
+
+    torch.ones(8).sum()  # this process ran a kernel: its width is fixed
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        pytest.skip("this CPU has no vector kernels wider than the default")
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    with pytest.raises(RuntimeError, match="came too late"):
+        applied_width()

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 K = 10.0
 METRICS = ("loss", "grad_norm")
 
-# A script's perturbed runs (new interpreters: ATen reads its vector width at import):
+# A script's perturbed runs (ATen reads its vector width at its first kernel dispatch):
 # no SIMD at all, then 256-bit vectors on two threads. cuBLAS without workspace picks other
 # kernels on a GPU.
 PERTURBATIONS: tuple[dict[str, str], ...] = (

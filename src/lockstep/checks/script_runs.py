@@ -48,8 +48,6 @@ class ScriptRunner:
         run_path: bool = False,
     ):
         self.script = Script(command, launcher=launcher, run_path=run_path, timeout=timeout)
-        # perturbed runs start new interpreters: ATen reads its vector width at import
-        self.new_script = Script(command, launcher=launcher, timeout=timeout)
         self.workdir = workdir
         self.timeout = timeout
         self.logs: dict[str, str] = {}
@@ -90,7 +88,8 @@ class ScriptRunner:
         """One launch; returns the metrics rank 0 wrote (`per_rank`: {rank: metrics}, every
         rank writing its own file). A failed launch is bad input. `dtype`: a replay
         (`track.replay_dtype`); `watch`: a replay recording modules (`track.watch`);
-        `perturb`: variables that reorder its fp32 sums, in a new interpreter (`noise_floor`).
+        `perturb`: variables that reorder its fp32 sums (`noise_floor`; a forked rank applies
+        them as a new interpreter would, `forkserver.vector_width`).
 
         A fresh run (no resume, own checkpoint folder) is reused by later checks asking for
         the same ranks and steps: `check all` launches fewer runs. `reuse=False` forces a new
@@ -109,8 +108,7 @@ class ScriptRunner:
             env["LOCKSTEP_WATCH"] = str(watch)
         env.update(perturb or {})
         self.logs[name] = str(self.workdir / name / "run.log")
-        script = self.script if perturb is None else self.new_script
-        run = run_under_protocol(script, nproc, self.workdir / name, max_steps=max_steps,
+        run = run_under_protocol(self.script, nproc, self.workdir / name, max_steps=max_steps,
                                  checkpoint_dir=checkpoint_dir, resume=resume,
                                  per_rank=per_rank, env=env)  # fmt: skip
         if run.timed_out:

@@ -85,6 +85,29 @@ class Launcher:
             import torch
 
             torch.set_num_threads(int(threads))
+        vector_width()
+
+
+# ATen's x86 vector widths, narrowest first (`torch.backends.cpu.get_cpu_capability()`)
+CAPABILITIES = ("DEFAULT", "AVX2", "AVX512")
+
+
+def vector_width() -> None:
+    """ATEN_CPU_CAPABILITY as this rank's environment asks (a noise-floor run reorders its
+    sums with it): ATen reads it at its first kernel dispatch, which the server never made, so a
+    forked rank still chooses. A rank that finds a wider width than it asked for (a server that
+    ran a kernel) fails instead of measuring nothing; one narrower is all the CPU has."""
+    wanted = os.environ.get("ATEN_CPU_CAPABILITY", "").upper()
+    if wanted not in CAPABILITIES:
+        return
+    import torch
+
+    got = torch.backends.cpu.get_cpu_capability()
+    if got in CAPABILITIES and CAPABILITIES.index(got) > CAPABILITIES.index(wanted):
+        raise RuntimeError(
+            f"ATEN_CPU_CAPABILITY={wanted.lower()} came too late for this forked rank (ATen "
+            f"already runs {got}): run it without --run-path"
+        )
 
 
 def in_environ(launcher: Launcher, fn, *args):
