@@ -1,12 +1,12 @@
 """The preflight report as JSON (`--json`, docs/json.md): compact, and written in time linear
-in its size, so a job of 64k ranks gets its report in well under a second.
+in its size, so the report of a job of 64k ranks costs about a second, not minutes.
 
 Rank 0's report in memory holds every rank and every link measured (the terminal's tables and
 the link plot read it); the JSON document says the same facts in less: a set of ranks is one
 `ranges` string (`0-7,9`), an outlier group names its ranks so and carries the identities of its
-first few ranks, and past `LINKS_ALL` rows the links keep only the rows a finding or a
-not-judged warning names plus the slowest of each rail, with their statistics beside them. The
-text is scrubbed once (`scrub_text`, linear); each row of a table is one line.
+first few ranks, and past the full matrix (32 nodes) the links keep only the rows a finding or
+a not-judged warning names plus the slowest of each rail, with their statistics beside them.
+Each row of a table is one line; each distinct string is scrubbed once (`scrubbed`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from pathlib import Path
 from lockstep.preflight.lines import ranges
 from lockstep.redact import is_secret_name, redact_value, scrub_text
 
-LINKS_ALL = 4096  # `links` and `intra` keep every row up to this many (32 nodes x 8 rails: all)
-SLOWEST_KEPT = 40  # past it, the slowest rows of each rail kept (the terminal lists 40)
+SLOWEST_KEPT = 40  # a sampled schedule's slowest rows kept, per rail (the terminal lists 40)
 IDENTITIES_SHOWN = 16  # an outlier group's first ranks given with their identities
 
 
@@ -79,7 +78,7 @@ _PLAIN = frozenset({int, float, bool, type(None)})  # nothing to scrub in these
 
 def document(report: dict) -> dict:
     """The report as docs/json.md describes it (`REPORT_SCHEMA`): rank lists as ranges, the
-    link rows cut past `LINKS_ALL`; every other key as it is."""
+    link rows cut past the full matrix; every other key as it is."""
     doc = dict(report)
     if "checks" in doc:
         doc["checks"] = [c | {"ranks": ranges(c["ranks"])} for c in doc["checks"]]
@@ -118,7 +117,8 @@ def _comparison(comparison: dict) -> dict:
 
 
 def _links(links: dict) -> dict:
-    """The link section: `links`/`intra` whole up to `LINKS_ALL` rows each, else the rows named
+    """The link section: `links`/`intra` whole on the full schedule (every pair measured, up to
+    32 nodes, with `matrix_gbps`); on the sampled one, without the matrix, the rows named
     (slow, not judged) and the slowest of each rail; `summary`: how many rows were measured and
     kept, and the Gb/s and latency statistics of all of them."""
     cross, intra = links["links"], links["intra"]
@@ -132,9 +132,14 @@ def _links(links: dict) -> dict:
         a, b, rail = x["a"], x["b"], x["rail"]
         return (min(a, b), max(a, b), rail) in pairs or (a, rail) in ends or (b, rail) in ends
 
-    kept = _kept(cross, named if pairs or ends else None)
-    kept_intra = _kept(intra, (lambda x: x["a"] in whole) if whole else None)
-    return links | {
+    out = dict(links)
+    if links["schedule"] == "full":
+        kept, kept_intra = cross, intra
+    else:
+        kept = _kept(cross, named if pairs or ends else None)
+        kept_intra = _kept(intra, (lambda x: x["a"] in whole) if whole else None)
+        out.pop("matrix_gbps", None)  # a sampled schedule's: mostly pairs never measured
+    return out | {
         "silent_ranks": ranges(links["silent_ranks"]),
         "links": kept,
         "intra": kept_intra,
@@ -143,10 +148,7 @@ def _links(links: dict) -> dict:
 
 
 def _kept(rows: list[dict], named: Callable[[dict], bool] | None) -> list[dict]:
-    """Every row up to `LINKS_ALL`; else the `named` rows and each rail's `SLOWEST_KEPT`
-    slowest, in their order."""
-    if len(rows) <= LINKS_ALL:
-        return rows
+    """The `named` rows and each rail's `SLOWEST_KEPT` slowest, in their order."""
     gbps = [x["gbps"] for x in rows]
     rails = [x.get("rail") for x in rows]
     keep = {i for i, x in enumerate(rows) if named(x)} if named else set()

@@ -27,7 +27,7 @@ from lockstep.preflight.problem_kind import (
 )
 
 # 2: `kind` is node/job everywhere (links' finding names: `finding`); 3: the JSON's rank sets as
-# ranges, link rows cut past a few thousand (`report_json`)
+# ranges, a sampled link schedule's rows cut to the named and the slowest (`report_json`)
 REPORT_SCHEMA = 3
 _FIELDS_SHOWN = 5
 _HOSTS_SHOWN = 3
