@@ -7,6 +7,7 @@ secret-looking variables were already replaced by salted hashes at collection.
 
 from __future__ import annotations
 
+import heapq
 from pathlib import Path
 
 from lockstep.env.summary import cell
@@ -234,7 +235,7 @@ def _link_rows(links: dict) -> list[tuple[str, ...]]:
         (tuple(sorted(s["nodes"])), s["rail"]) for s in links.get("not_judged", []) if "nodes" in s
     }
     rows = []
-    for x in sorted(links["links"], key=lambda x: x["gbps"])[:_LINK_ROWS]:
+    for x in heapq.nsmallest(_LINK_ROWS, links["links"], key=lambda x: x["gbps"]):
         pair = tuple(sorted((x["a"], x["b"])))
         if (pair, x["rail"]) in slow:
             status = "slow link"

@@ -11,6 +11,7 @@ Each row of a table is one line; each distinct string is scrubbed once (`scrubbe
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -150,13 +151,12 @@ def _links(links: dict) -> dict:
 def _kept(rows: list[dict], named: Callable[[dict], bool] | None) -> list[dict]:
     """The `named` rows and each rail's `SLOWEST_KEPT` slowest, in their order."""
     gbps = [x["gbps"] for x in rows]
-    rails = [x.get("rail") for x in rows]
+    by_rail: dict[object, list[int]] = {}
+    for i, x in enumerate(rows):
+        by_rail.setdefault(x.get("rail"), []).append(i)
     keep = {i for i, x in enumerate(rows) if named(x)} if named else set()
-    count = dict.fromkeys(rails, 0)
-    for i in sorted(range(len(rows)), key=gbps.__getitem__):  # the slowest first
-        if count[rails[i]] < SLOWEST_KEPT:
-            count[rails[i]] += 1
-            keep.add(i)
+    for idx in by_rail.values():
+        keep.update(heapq.nsmallest(SLOWEST_KEPT, idx, key=gbps.__getitem__))
     return [rows[i] for i in sorted(keep)]
 
 
@@ -165,7 +165,7 @@ def _stats(rows: list[dict], kept: list[dict]) -> dict:
     over all of them (None where none)."""
     out: dict[str, object] = {"measured": len(rows), "kept": len(kept)}
     for key in ("gbps", "latency_us"):
-        known = sorted(v for v in [x.get(key) for x in rows] if v is not None)
+        known = sorted([v for x in rows if (v := x.get(key)) is not None])
         out[key] = (
             {"min": known[0], "median": known[len(known) // 2], "max": known[-1]} if known else None
         )
