@@ -61,8 +61,9 @@ def link_section(nodes: int, slow: int) -> dict:
     )
 
 
-def written(n: int, tmp_path, capsys) -> tuple[int, dict, dict]:
-    """The report of `n` ranks as `--json` writes it: its bytes, what it says, the report."""
+def written(n: int, tmp_path, capsys) -> tuple[int, dict, dict, str]:
+    """The report of `n` ranks as `--json` writes it: its bytes, what it says, the report, and
+    the terminal's tables."""
     odd, slow = n // 2 + 3, n // PER_NODE // 3
     identities = [identity(r, odd) for r in range(n)]
     majority = [r for r in range(n) if r != odd]
@@ -94,15 +95,15 @@ def written(n: int, tmp_path, capsys) -> tuple[int, dict, dict]:
     built.update(elapsed_s=1.0, authenticated=True, verdict="fail")
     path = tmp_path / f"report-{n}.json"
     report.emit(built, json_path=path)
-    capsys.readouterr()  # the table on the terminal
-    return path.stat().st_size, json.loads(path.read_text()), built
+    table = capsys.readouterr().out
+    return path.stat().st_size, json.loads(path.read_text()), built, table
 
 
 def test_the_json_report_grows_linearly_and_still_names_the_odd_rank(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    n = 8192  # 1024 nodes: past the matrix (256 nodes) and the rows kept whole (4,096)
-    half, _, _ = written(n // 2, tmp_path, capsys)
-    size, doc, built = written(n, tmp_path, capsys)
+    n = 4096  # 512 nodes: a sampled link schedule (past 32 nodes), its rows cut
+    half, *_ = written(n // 2, tmp_path, capsys)
+    size, doc, built, table = written(n, tmp_path, capsys)
     assert size <= BYTES_A_RANK * n, f"{size / n:.0f} bytes a rank"
     assert size <= 2.2 * half, (half, size)  # twice the ranks: at most about twice the bytes
 
@@ -120,6 +121,9 @@ def test_the_json_report_grows_linearly_and_still_names_the_odd_rank(tmp_path, c
         ("drift", "job"),  # one rank of a node differs: what the launch gave it
     }
     assert doc["kind"] == "job" and odd_host in [d["host"] for d in doc["drain"]]
+    # the terminal: the named node on a row of its own, one row for all 512 (not 512 rows)
+    assert f"{odd_host} " in table and "all 512" in table, table
+    assert len(table.splitlines()) < 200, len(table.splitlines())
     # the report in memory keeps every link; the JSON the slowest (the slow node's) and all
     # the section names, with the statistics of every row measured
     links, kept = built["links"], doc["links"]
