@@ -53,7 +53,7 @@ def test_clean_two_ranks_pass_and_leak_no_secret(tmp_path):
     assert report["verdict"] == ("pass" if report["authenticated"] else "unauthenticated")
     assert report["launcher"] == "torchelastic"
     # One job-wide salt: the equal secrets hash equal, so the ranks form one group.
-    assert report["comparison"]["groups"] == [[0, 1]]
+    assert report["comparison"]["groups"] == ["0-1"]  # rank sets as ranges (schema 3)
     assert all(c["ok"] for c in report["collectives"].values())
     assert [row["bytes"] for row in report["bandwidth"]["sizes"]] == [256 << 10, 4 << 20]
     assert report["matmul"]["status"] == "skip" and "no GPU" in report["matmul"]["detail"]
@@ -115,7 +115,7 @@ def test_rank_1_mismatch_exits_1_and_is_named(tmp_path):
 
     report = json.loads(report_path.read_text())
     (outlier,) = report["comparison"]["outliers"]
-    assert [i["rank"] for i in outlier["ranks"]] == [1]
+    assert outlier["ranks"] == "1" and [i["rank"] for i in outlier["identities"]] == [1]
     fields = {f["field"]: f for f in outlier["fields"]}
     table, markdown = results[0]["out"], summary.read_text()
     for field in ("env.NCCL_ALGO", "packages.installed.lockstep-probe-pkg", "packages.lock.sha256"):
@@ -144,7 +144,7 @@ def test_rank_1_mismatch_exits_1_and_is_named(tmp_path):
     # what it asks of the scheduler: the job's (a tie, a lock, the busbw floor), no node drained
     kinds = {(e["finding"], e["kind"]) for e in report["problem_kinds"]}
     assert kinds == {("drift", "job"), ("lock", "job"), ("busbw", "job")}, kinds
-    assert report["kind"] == "job" and report["drain"] == [] and report["schema"] == 2
+    assert report["kind"] == "job" and report["drain"] == [] and report["schema"] == 3
     assert "job problem: fix the job" in table and "problem (job):" in table
 
 

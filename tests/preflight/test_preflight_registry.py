@@ -71,7 +71,7 @@ def test_a_check_and_a_measurement_registered_from_outside_reach_the_report(tmp_
 
     report = json.loads(report_path.read_text())
     (row,) = [c for c in report["checks"] if c["name"] == "site_scratch"]
-    assert row["status"] == "fail" and row["ranks"] == [1]
+    assert row["status"] == "fail" and row["ranks"] == "1"
     assert row["detail"] == "/scratch missing on rank 1"
     assert report["finding"] == "check" and report["findings"] == ["check"]
     assert any(p.startswith("site_scratch on ") and "rank 1:" in p for p in report["problems"])

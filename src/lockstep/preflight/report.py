@@ -1,4 +1,5 @@
-"""Render rank 0's preflight report: a rich table, the full JSON, a GitHub step summary.
+"""Render rank 0's preflight report: a rich table, the JSON (`report_json`), a GitHub step
+summary. Ranks are written as ranges (`0-7,9`), so the texts stay short at any scale.
 
 Every text leaves through `scrub_text`, a last guard for credentials inside URLs; values of
 secret-looking variables were already replaced by salted hashes at collection.
@@ -6,10 +7,13 @@ secret-looking variables were already replaced by salted hashes at collection.
 
 from __future__ import annotations
 
-import json
+import heapq
 from pathlib import Path
 
 from lockstep.env.summary import cell
+from lockstep.launch.hostlist import compress
+from lockstep.preflight import report_json
+from lockstep.preflight.lines import ranges
 from lockstep.preflight.verdict import tied_groups
 from lockstep.redact import scrub_text
 from lockstep.summary_md import md_cell, step_summary
@@ -19,9 +23,7 @@ _STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "d
 
 def emit(report: dict, json_path: Path | None) -> None:
     if json_path is not None:
-        json_path.write_text(
-            scrub_text(json.dumps(report, sort_keys=True, indent=2, ensure_ascii=False)) + "\n"
-        )
+        report_json.write(report, json_path)
     print_console(report)
     step_summary(scrub_text(markdown(report)))
 
@@ -44,6 +46,33 @@ def outlier_rows(report: dict) -> list[tuple[str, ...]]:
                         _show(f["expected"]),
                     )
                 )
+    return rows
+
+
+_NODE_ROWS = 64  # nodes listed one a row up to this many; past it, the named ones and the rest
+
+
+def node_rows(report: dict) -> list[tuple[str, str, str, str]]:
+    """(node, host, addresses, ranks) per node; past `_NODE_ROWS` nodes, the nodes a problem
+    names one a row and one row for all of them (a Slurm host list, `--json` has each)."""
+    nodes = report["nodes"]
+    named = set(report.get("failed_hosts") or []) | {d["host"] for d in report.get("drain") or []}
+    shown = nodes if len(nodes) <= _NODE_ROWS else [n for n in nodes if n["host"] in named]
+    rows = [
+        (_show(n["node"]), n["host"], ",".join(n.get("addresses", [])) or "-", ranges(n["ranks"]))
+        for n in shown[:_NODE_ROWS]
+    ]
+    if len(nodes) > _NODE_ROWS:
+        sizes = sorted({len(n["ranks"]) for n in nodes})
+        each = f"{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]} to {sizes[-1]}"
+        rows.append(
+            (
+                f"all {len(nodes)}",
+                compress([n["host"] for n in nodes]),
+                "each in --json",
+                f"{ranges(r for n in nodes for r in n['ranks'])} ({each} a node)",
+            )
+        )
     return rows
 
 
@@ -73,9 +102,8 @@ def print_console(report: dict) -> None:
     nodes = Table(title="lockstep preflight: nodes")
     for col in ("node", "host", "address", "ranks"):
         nodes.add_column(col)
-    for node in report["nodes"]:
-        address = ",".join(node.get("addresses", [])) or "-"
-        nodes.add_row(_show(node["node"]), node["host"], address, ",".join(map(str, node["ranks"])))
+    for row in node_rows(report):
+        nodes.add_row(*(cell(c) for c in row))
     console.print(nodes)
 
     checks = Table(title="checks")
@@ -88,7 +116,7 @@ def print_console(report: dict) -> None:
 
     rows = outlier_rows(report)
     if rows:
-        majority = ",".join(map(str, report["comparison"]["majority"]))
+        majority = ranges(report["comparison"]["majority"])
         title = f"outliers (majority: ranks {majority})"
         if tied_groups(report["comparison"]):
             title = f"ranks that differ (no majority; values compared with ranks {majority})"
@@ -125,17 +153,14 @@ def print_console(report: dict) -> None:
 
 
 def _check_rows(report: dict) -> list[tuple[str, str, str, str]]:
-    rows = [
-        (c["name"], c["status"], ",".join(map(str, c["ranks"])), c["detail"])
-        for c in report["checks"]
-    ]
+    rows = [(c["name"], c["status"], ranges(c["ranks"]), c["detail"]) for c in report["checks"]]
     for name, result in report["collectives"].items():
         failed = result["failed_ranks"]
         rows.append(
             (
                 name,
                 "fail" if failed else "ok",
-                ",".join(map(str, failed)) or "all",
+                ranges(failed) or "all",
                 "checked by value",
             )
         )
@@ -146,7 +171,7 @@ def _check_rows(report: dict) -> list[tuple[str, str, str, str]]:
         (
             "duplicate_gpu",
             "fail" if dups else "ok",
-            ";".join(",".join(map(str, d["ranks"])) for d in dups) or "all",
+            ";".join(ranges(d["ranks"]) for d in dups) or "all",
             "; ".join(f"{d['uuid']} on {d['host']}" for d in dups) or "one rank per GPU",
         )
     )
@@ -210,7 +235,7 @@ def _link_rows(links: dict) -> list[tuple[str, ...]]:
         (tuple(sorted(s["nodes"])), s["rail"]) for s in links.get("not_judged", []) if "nodes" in s
     }
     rows = []
-    for x in sorted(links["links"], key=lambda x: x["gbps"])[:_LINK_ROWS]:
+    for x in heapq.nsmallest(_LINK_ROWS, links["links"], key=lambda x: x["gbps"]):
         pair = tuple(sorted((x["a"], x["b"])))
         if (pair, x["rail"]) in slow:
             status = "slow link"

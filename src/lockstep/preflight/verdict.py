@@ -26,7 +26,9 @@ from lockstep.preflight.problem_kind import (
     spread_kind,
 )
 
-REPORT_SCHEMA = 2  # 2: `kind` is node/job everywhere (links' finding names: `finding`)
+# 2: `kind` is node/job everywhere (links' finding names: `finding`); 3: the JSON's rank sets as
+# ranges, a sampled link schedule's rows cut to the named and the slowest (`report_json`)
+REPORT_SCHEMA = 3
 _FIELDS_SHOWN = 5
 _HOSTS_SHOWN = 3
 
