@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from lockstep.env import compare, fingerprint
-from lockstep.preflight import collectives, rank, report, verdict
+from lockstep.preflight import collectives, heartbeat, rank, report, silence, verdict
 from lockstep.preflight.links import schedule
 from lockstep.preflight.links import stage as link_stage
 from lockstep.preflight.links.layout import layout
@@ -104,7 +104,7 @@ def host_of(r: int, per: int) -> str:
 
 
 def identity(r: int, n: int, per: int, checks: list[dict]) -> dict:
-    """What `rank._identity` posts, for a synthetic rank."""
+    """What `identity.identity_of` posts, for a synthetic rank."""
     node = r // per
     return {
         "rank": r,
@@ -391,6 +391,123 @@ def show(got: dict, collective_s: float, link_round_s: float, out=sys.stdout) ->
     )
 
 
+def main_silent_ranks(store: Store, me: int, world: int, stop: float) -> int:
+    """main's `rank._silent_ranks` before issue 38, on rank `me` (not rank 0), after every rank
+    reported in (`silence.report_in`, the same two operations): poll the count (here: its
+    deadline passed, one poll), check every rank's key, one call each, read each silent rank's
+    check-in; `Capped` at `stop`. The silent ranks."""
+    store.wait_count("abort/count", world, time.monotonic() - 1, every=0.2)
+    silent = []
+    for r in range(world):
+        if time.monotonic() > stop:
+            raise Capped()
+        if not store.has(f"abort/{r}"):
+            silent.append(r)
+    for r in silent:
+        CheckIn(store, "checkin").read(r)
+    return len(silent)
+
+
+def failure_path(n: int, per: int = 8, lanes: int = 32, cap_s: float = 30.0,
+                 timeout_s: float = 1.0) -> dict:  # fmt: skip
+    """After a collective failed, the last node's `per` ranks silent: every rank's store
+    operations on the failure path, main's code (`main_silent_ranks`, capped) and now
+    (`silence`: rank 0 diagnoses, the others read its diagnosis while its heartbeat goes on),
+    each rank emulated on one of `lanes` real clients (threads: torch's store calls release
+    the GIL). `timeout_s`: how long rank 0 waits for the silent ones to report in."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=True,
+                           wait_for_workers=False, timeout=timedelta(seconds=600))  # fmt: skip
+    got: dict = {"n": n, "silent": per}
+    silent = set(range(n - per, n))
+    for mode in ("main", "now"):
+        base = dist.PrefixStore(f"{PREFIX}/{mode}", server)
+        zero = Store(base, Signer(KEY), "rank 0 on bench", f"{PREFIX}/{mode}/")
+        zero = zero.begin_run(make=True, within_s=10)
+        counting = Counting(base)
+        rank0 = Store(counting, zero.signer, zero.by, zero.prefix)
+        clients = []
+        for lane in range(lanes):
+            raw = dist.TCPStore("127.0.0.1", server.port, is_master=False, use_libuv=True,
+                                timeout=timedelta(seconds=600))  # fmt: skip
+            wrapped = Counting(dist.PrefixStore(f"{PREFIX}/{mode}", raw))
+            clients.append(Store(wrapped, zero.signer, f"lane {lane}", zero.prefix))
+        for r in silent:  # they checked in, then went silent
+            CheckIn(clients[r % lanes], "checkin").post(r, identity(r, n, per, []))
+        ops0 = sum(c.raw.ops for c in clients)
+        others = [r for r in range(1, n) if r not in silent]
+        start, stop, capped = time.perf_counter(), time.monotonic() + cap_s, []
+        beat, named = None, {}
+        if mode == "now":
+            beat_s = heartbeat.intervals(timeout_s)[0]
+            beat = heartbeat.Heartbeat(zero, beat_s, host=host_of(0, per)).start()
+
+        stall_s = heartbeat.intervals(timeout_s)[1]
+        everyone = threading.Barrier(lanes)
+        threads = [
+            threading.Thread(
+                target=_failure_lane,
+                args=(mode, others[k::lanes], clients[k], n, timeout_s, stop, stall_s, named),
+                kwargs={"capped": capped, "everyone": everyone},
+            )
+            for k in range(lanes)
+        ]
+        silence.report_in(rank0, 0)
+        for t in threads:
+            t.start()
+        if mode == "now":
+            text = silence.diagnose(rank0, n, lambda r: identity(r, n, per, []), timeout_s, beat)
+        for t in threads:
+            t.join()
+        took = time.perf_counter() - start
+        if beat is not None:
+            beat.stop()
+            assert set(named.values()) == {text}, set(named.values())
+            got["named"] = text
+        row = {"s": took, "capped": bool(capped), "rank0_ops": counting.ops,
+               "ranks_ops": sum(c.raw.ops for c in clients) - ops0,
+               "heartbeat_ops": 2 * beat.beats if beat else 0}  # fmt: skip
+        if mode == "main":  # each other rank: put, add, a poll, N checks, `per` check-ins read;
+            row["projected_ops"] = (n - per - 1) * (n + per + 3) + n + 3  # rank 0: no reads
+        got[mode] = row
+    return got
+
+
+def _failure_lane(mode, mine, store, n, timeout_s, stop, stall_s, named, capped, everyone):
+    """One client's share of the emulated ranks, on the failure path."""
+    try:
+        for r in mine:
+            silence.report_in(store, r)
+        if mode == "main":
+            everyone.wait()  # the emulated ranks all reported in: now they poll and check
+            for r in mine:
+                main_silent_ranks(store, r, n, stop)
+            return
+        watch = heartbeat.Watch(store, stall_s)
+        for r in mine:
+            named[r] = silence.await_diagnosis(store, watch, 2 * timeout_s + 10)
+    except Capped:
+        capped.append(mine[0] if mine else None)
+
+
+def show_failure(got: dict, timeout_s: float, out=sys.stdout) -> None:
+    n = got["n"]
+    print(f"\n== failure path, N={n:,} ranks, the last {got['silent']} silent "
+          f"(rank 0 waits {timeout_s:g} s for them)", file=out)  # fmt: skip
+    for mode, label in (("main", "main's _silent_ranks, every rank"), ("now", "rank 0 once")):
+        row = got[mode]
+        total = row["rank0_ops"] + row["ranks_ops"] + row["heartbeat_ops"]
+        what = f"{total:,} store ops ({row['rank0_ops']:,} rank 0's, {row['heartbeat_ops']:,} "
+        what += f"its heartbeat's, {row['ranks_ops']:,} the others')"
+        if row["capped"]:
+            what = f"MORE THAN THE CAP after {total:,} store ops"
+        print(f"   {label:<34} {row['s']:8.2f} s  {what}", file=out)
+        if "projected_ops" in row:
+            print(f"   {'':<34} {'':>10}  all of it: {row['projected_ops']:,} ops, plus N x "
+                  f"{timeout_s:g}/0.2 count polls at --timeout {timeout_s:g} (not emulated)",
+                  file=out)  # fmt: skip
+    print(f"   every rank names: {got.get('named')}", file=out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384, 65536])
@@ -401,7 +518,17 @@ def main() -> None:
     parser.add_argument("--collective-s", type=float, default=0.05)
     parser.add_argument("--link-round-s", type=float, default=0.2)
     parser.add_argument("--json", help="write every size's figures here")
+    parser.add_argument(
+        "--failure-path",
+        action="store_true",
+        help="only the failure path's store operations (main's code and now)",
+    )
+    parser.add_argument("--failure-cap-s", type=float, default=30.0)
     args = parser.parse_args()
+    if args.failure_path:
+        for n in args.sizes:
+            show_failure(failure_path(n, args.per_node, cap_s=args.failure_cap_s), 1.0)
+        return
     print(__doc__.split("\n\n")[2].replace("\n", " "))
     rows = []
     for n in args.sizes:

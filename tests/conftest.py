@@ -60,6 +60,7 @@ WAITING = (
     "tests/forensics/test_launch_kinds.py::",
     "tests/forensics/test_launch.py::test_a_new_interpreter_blocked_in_gloo_is_named",
     "tests/preflight/test_preflight_ranks.py::test_missing_ranks_exit_3_within_the_timeout",
+    "tests/preflight/test_preflight_heartbeat.py::test_the_others_fail_on_a_stalled_rank_0_and",
     "tests/checks/test_script_checks.py::test_a_hung_run_is_killed_at_the_timeout_in_one_line",
     "tests/testing/test_distributed_marker.py::test_hang_shows_every_stack_and_kills_everything",
     "tests/docker/test_docker_tier_py.py::test_wait_http_waits_for_a_server_and_gives_up_on_none",

@@ -24,13 +24,17 @@ import torch.distributed as dist
 from lockstep.env import compare, fingerprint
 from lockstep.errors import EXIT_TIMEOUT, CheckFailed, RankTimeout
 from lockstep.launch.detect import RankInfo
-from lockstep.preflight import collectives, job_key, report, verdict
+from lockstep.preflight import collectives, heartbeat, job_key, report, silence, verdict
+from lockstep.preflight.identity import identity_of
 from lockstep.preflight.lines import first_line, ranges
 from lockstep.preflight.links import stage as link_stage
 from lockstep.preflight.links.layout import layout
 from lockstep.preflight.local import gpu, registry
 from lockstep.preflight.options import Options
 from lockstep.preflight.store import CheckIn, Refused, Signer, Store, connect
+
+CHECKIN_ANSWER, VERDICT = "checkin/answer", "verdict/answer"  # what rank 0's heartbeat says
+VERDICT_LIMIT = 30  # x --timeout: how long the others wait for a rank 0 whose heartbeat goes on
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,8 @@ class _Job:
     checkin: CheckIn
     device: torch.device
     options: Options
+    beat: heartbeat.Heartbeat | None  # rank 0's
+    watch: heartbeat.Watch  # the others' wait for rank 0's answers
 
     @property
     def backend(self) -> str:
@@ -73,14 +79,17 @@ def run_rank(info: RankInfo, options: Options) -> int:
         raise CheckFailed(unreachable[0]["detail"])
     index = gpu.device_index(info, torch)
     device = torch.device("cuda", index) if index is not None else torch.device("cpu")
-    identity = _identity(info, device, checks)
+    identity = identity_of(info, device, checks)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     # Before meeting peers, so a bad lock or image manifest ends every rank with exit 2 at once.
     fp = fingerprint.collect(lock=Path(options.lock) if options.lock else None)
 
     store = _connect(info, options.timeout, signer)
-    job = _Job(info, store, CheckIn(store, "checkin"), device, options)
+    beat_s, stall_s = heartbeat.intervals(options.timeout)
+    beat = heartbeat.Heartbeat(store, beat_s).start() if info.rank == 0 else None
+    watch = heartbeat.Watch(store, stall_s, f"rank 0 (at MASTER_ADDR={info.master_addr})")
+    job = _Job(info, store, CheckIn(store, "checkin"), device, options, beat, watch)
     try:
         os.environ["LOCKSTEP_REDACT_SALT"] = _check_in(job, identity)
         fingerprint.resalt(fp)  # one salt for the job: equal secrets hash equal on every rank
@@ -95,7 +104,7 @@ def run_rank(info: RankInfo, options: Options) -> int:
         gathered = _exchange(job, fp, ignored)
         links = _links(job)
         if info.rank != 0:
-            return _await_verdict(store, job.timeout_s)
+            return _await_verdict(job)
         return _decide(job, gathered, ignored, started, links)
     except Refused:
         if info.rank == 0:  # a forgery read on rank 0: every rank fails with it, named here
@@ -106,7 +115,7 @@ def run_rank(info: RankInfo, options: Options) -> int:
 
         # --nproc: every rank dumps (on a loaded 2-core machine the others needed over 3 s)
         recorder.timed_out(f"preflight: {first_line(err)}", wait=10.0)
-        silent = _silent_ranks(job)
+        silent = _silent_ranks(job)  # RankTimeout naming rank 0 where its heartbeat stopped
         if silent:
             raise RankTimeout(
                 f"{silent} stopped answering during the preflight (link down, node lost or "
@@ -116,6 +125,8 @@ def run_rank(info: RankInfo, options: Options) -> int:
             f"a peer failed or stalled during the preflight: {first_line(err)}"
         ) from None
     finally:
+        if beat is not None:
+            beat.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -185,7 +196,8 @@ def _decide(
 ) -> int:
     """Rank 0: read identities and fingerprints from the store, judge, post and print."""
     n, store, options = job.info.world_size, job.store, job.options
-    identities = [job.checkin.read(r) for r in range(n)]
+    heartbeat.planted(job.beat)  # tests only: LOCKSTEP_PREFLIGHT_FAULT
+    identities = [job.checkin.read(r) for r in range(n)]  # gathered at the check-in: no read
     link_section = None
     if links is not None:
         link_section = link_stage.collect(
@@ -227,6 +239,7 @@ def _decide(
     )
     verdict_board = CheckIn(store, "verdict")
     verdict_board.answer(result["exit_code"])
+    _posted(job, VERDICT)
     report.emit(result, json_path=Path(options.json) if options.json else None)
     if link_section is not None:
         link_stage.write_outputs(link_section, exclude_out=options.exclude_out, plot=options.plot)
@@ -239,6 +252,7 @@ def _post_verdict(job: _Job, code: int) -> None:
     """Rank 0 ends early (a forgery refused): the others get `code` and read it."""
     board = CheckIn(job.store, "verdict")
     board.answer(code)
+    _posted(job, VERDICT)
     board.linger(job.info.world_size - 1, min(job.timeout_s, 10.0))
 
 
@@ -262,41 +276,6 @@ def _all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     out = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
     dist.all_gather(out, tensor)
     return out
-
-
-def _identity(info: RankInfo, device: torch.device, checks: list[dict]) -> dict:
-    """What this rank tells the others at the check-in: who and where it is, its GPU, its
-    local checks."""
-    gpu_info = None
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        gpu_info = {
-            "index": device.index,
-            "name": props.name,
-            "uuid": str(getattr(props, "uuid", "")).removeprefix("GPU-") or None,
-        }
-    return {
-        "rank": info.rank,
-        "host": socket.gethostname(),
-        "address": _address(info),
-        "node": info.node_rank,
-        "local_rank": info.local_rank,
-        "launcher": info.launcher,
-        "world_size": info.world_size,
-        "gpu": gpu_info,
-        "checks": checks,
-    }
-
-
-def _address(info: RankInfo) -> str | None:
-    """This host's address toward MASTER_ADDR (the source address the route picks; a UDP
-    connect sends nothing), None where it does not resolve or route."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            sock.connect((info.master_addr, info.master_port))
-            return sock.getsockname()[0]
-    except OSError:
-        return None
 
 
 def _connect(info: RankInfo, timeout_s: float, signer: Signer) -> Store:
@@ -346,10 +325,12 @@ def _check_in(job: _Job, identity: dict) -> str:
             checkin, info.world_size, timeout_s, info.launcher, job.backend, job.options.json
         )
         missing = answer["missing"]
+        _posted(job, CHECKIN_ANSWER)
         if missing or answer["blocked"]:  # about to exit: let the ranks that did arrive read why
             checkin.linger(info.world_size - len(missing) - 1, timeout_s)
     else:
-        answer = checkin.await_answer(timeout_s + 10, _is_checkin_answer)
+        posted = job.watch.wait_for(CHECKIN_ANSWER, timeout_s + 10, "the check-in's answer")
+        answer = checkin.await_answer(timeout_s, _is_checkin_answer) if posted else None
         if answer is None:
             raise RankTimeout(
                 f"rank 0 gave no check-in answer within {timeout_s + 10:g}s; it stalled or died"
@@ -393,35 +374,37 @@ def read_fingerprints(store: Store, groups: list[list[int]]) -> dict[int, dict]:
 
 
 def _silent_ranks(job: _Job) -> str | None:
-    """After a collective failed: every rank that can still reach the store says so, and
-    waits up to `--timeout` for the others (each gave up on its own collective's timeout);
-    the ranks that never say so, with their hosts and addresses from the check-in, are the
-    ones cut off: `ranks 4-5 on ls2 (10.0.0.3)`. None where the store is gone too."""
+    """After a collective failed: the ranks cut off, `ranks 4-5 on ls2 (10.0.0.3)`, diagnosed
+    once by rank 0 (`silence`); None where every rank answered or the store is gone too."""
     store, info = job.store, job.info
     try:
-        store.put(f"abort/{info.rank}", 1)
-        store.add("abort/count")
-        deadline = time.monotonic() + job.timeout_s
-        store.wait_count("abort/count", info.world_size, deadline, every=0.2)
-        silent = [r for r in range(info.world_size) if not store.has(f"abort/{r}")]
-        if not silent:
-            return None
-        hosts: dict[str, list[int]] = {}
-        for r in silent:
-            ident = job.checkin.read(r)
-            where = ident["host"] + (f" ({ident['address']})" if ident.get("address") else "")
-            hosts.setdefault(where, []).append(r)
+        silence.report_in(store, info.rank)
+        if info.rank == 0:
+            return silence.diagnose(
+                store, info.world_size, job.checkin.read, job.timeout_s, job.beat
+            )
+        # rank 0 gives up on its own collective up to --timeout later, then waits --timeout
+        return silence.await_diagnosis(store, job.watch, 2 * job.timeout_s + 10)
     except (RuntimeError, ValueError, Refused):
         return None
-    return "; ".join(
-        f"rank{'s' if len(rs) > 1 else ''} {ranges(rs)} on {where}" for where, rs in hosts.items()
-    )
 
 
-def _await_verdict(store: Store, timeout_s: float) -> int:
-    code = CheckIn(store, "verdict").await_answer(timeout_s, lambda v: v in (0, 1, 2, 3, 4))
+def _posted(job: _Job, key: str) -> None:
+    if job.beat is not None:
+        job.beat.posted(key)
+
+
+def _await_verdict(job: _Job) -> int:
+    """Rank 0's verdict, waited for as long as its heartbeat goes on, at most
+    `VERDICT_LIMIT` x `--timeout`: a large job's rank 0 is slow, not stalled."""
+    limit = VERDICT_LIMIT * job.timeout_s
+    if not job.watch.wait_for(VERDICT, limit, "the verdict"):
+        raise RankTimeout(
+            f"{job.watch.who} sent no verdict within {limit:g}s (its heartbeat went on)"
+        )
+    code = CheckIn(job.store, "verdict").await_answer(job.timeout_s, lambda v: v in (0, 1, 2, 3, 4))
     if code is None:
-        raise RankTimeout(f"rank 0 sent no verdict within {timeout_s:g}s")
+        raise RankTimeout(f"rank 0 sent no verdict within {job.timeout_s:g}s")
     return int(code)
 
 

@@ -1,0 +1,139 @@
+"""Rank 0's heartbeat and the failure diagnosis done once at rank 0 (issue 38): on a real
+TCPStore (libuv) with every value signed, and end to end on gloo ranks."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from lockstep.errors import RankTimeout
+from lockstep.preflight import heartbeat, silence
+from lockstep.preflight.store import Signer, Store
+from support.preflight_ranks import by_hand, finish
+
+KEY = b"heartbeat-test-job-key-32-bytes!"
+
+
+class Counted:
+    """A real store client whose calls are counted (a check or multi_get of many keys: one)."""
+
+    def __init__(self, raw):
+        self.raw, self.ops = raw, 0
+
+    def __getattr__(self, name):
+        call = getattr(self.raw, name)
+
+        def counted(*args, **kwargs):
+            self.ops += 1
+            return call(*args, **kwargs)
+
+        return counted
+
+
+@pytest.fixture
+def server():
+    raw = dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=True, wait_for_workers=False)
+    made = Store(dist.PrefixStore("job", raw), Signer(KEY), "rank 0 on h0", "job/")
+    made = made.begin_run(make=True, within_s=5)
+    yield raw, made.signer.nonce
+
+
+def client(server, rank: int, counted: bool = False) -> Store:
+    raw, nonce = server
+    conn = dist.TCPStore("127.0.0.1", raw.port, is_master=False, use_libuv=True,
+                         timeout=timedelta(seconds=30))  # fmt: skip
+    prefixed = dist.PrefixStore("job", conn)
+    return Store(Counted(prefixed) if counted else prefixed, Signer(KEY, nonce), f"rank {rank}",
+                 "job/")  # fmt: skip
+
+
+def test_the_diagnosis_is_made_once_and_every_rank_reads_the_same_names(server):
+    """40 ranks, 4 a host; ranks 36-39 never report in, rank 5's report is forged (unsigned):
+    rank 0 names them from the check-in's identities in a few operations, each other rank
+    reads the same line in a fixed number, whatever N (main's code: N checks a rank)."""
+    n, silent = 40, {5, 36, 37, 38, 39}
+    rank0 = client(server, 0, counted=True)
+    beat = heartbeat.Heartbeat(rank0, 0.2, host="h0").start()
+    others = {r: client(server, r, counted=True) for r in range(1, n) if r not in silent}
+    forger = client(server, 5)
+    forger.signer = Signer(None, forger.signer.nonce)
+    forger.put("abort/5", 1)
+    forger.add("abort/count")
+    got: dict[int, object] = {}
+
+    def rank(r: int) -> None:
+        silence.report_in(others[r], r)
+        watch = heartbeat.Watch(others[r], stall_s=2.0)
+        got[r] = silence.await_diagnosis(others[r], watch, 10)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in others]
+    for t in threads:
+        t.start()
+    silence.report_in(rank0, 0)
+    ident = {"host": "", "address": None}
+    text = silence.diagnose(rank0, n, lambda r: {**ident, "host": f"h{r // 4}"}, 1.0, beat)
+    for t in threads:
+        t.join(30)
+    beat.stop()
+    assert text == "rank 5 on h1; ranks 36-39 on h9", text
+    assert got == dict.fromkeys(others, text)
+    # each other rank: 6 operations (report in, the heartbeat, the diagnosis, read) and 2 a
+    # beat while rank 0 waited; O(N) in all (main's code: every rank polled, then checked all
+    # N keys: over N^2 = 1,600)
+    each = [s.raw.ops for s in others.values()]
+    assert max(each) <= 6 + 2 * beat.beats, (beat.beats, each)
+    assert rank0.raw.ops + sum(each) < n * n / 2, (rank0.raw.ops, each)
+
+
+def test_a_watch_waits_on_beats_and_names_a_stalled_rank_0(server):
+    rank0, waiter = client(server, 0), client(server, 1)
+    beat = heartbeat.Heartbeat(rank0, 0.2, host="node-a").start()
+    watch = heartbeat.Watch(waiter, stall_s=0.6)
+    threading.Timer(1.5, beat.posted, args=("verdict/answer",)).start()  # slow, beating
+    start = time.monotonic()
+    assert watch.wait_for("verdict/answer", 10)
+    assert 1.4 < time.monotonic() - start < 3
+    assert not watch.wait_for("other/answer", 0.5)  # the overall limit, beating: no answer
+    beat.stop()
+    start = time.monotonic()
+    with pytest.raises(RankTimeout, match=r"^rank 0 on node-a did not answer: no heartbeat"):
+        watch.wait_for("other/answer", 10, "the verdict")
+    assert time.monotonic() - start < 0.6 + 1.5
+
+
+def test_the_others_fail_on_a_stalled_rank_0_and_wait_for_a_slow_one(tmp_path):
+    """Two jobs of 2 ranks at once: rank 0 of one stops its heartbeat and stalls before its
+    verdict, the other's is slower than --timeout but beats. On main's code the first's rank 1
+    waited --timeout for the verdict and named no host; the second's gave up on a busy rank 0."""
+    timeout = 10
+    stall_s = heartbeat.intervals(timeout)[1]
+    args = ["--timeout", str(timeout), "--no-links"]
+    fault = heartbeat.FAULT_ENV
+    _, stalled = by_hand(2, [0, 1], tmp_path, args, per_rank_env={0: {fault: "stall:120"}})
+    _, slow = by_hand(2, [0, 1], tmp_path, args, per_rank_env={0: {fault: f"slow:{timeout + 1}"}})
+    try:
+        rank1 = finish({1: stalled[1]})[1]
+        gave_up = time.time()
+        stalled[0].kill()
+        rank0_err = stalled[0].communicate(timeout=30)[1]
+        results = finish(slow)
+    finally:
+        for proc in [*stalled.values(), *slow.values()]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    planted = re.search(r"planted stall on rank 0 at ([\d.]+)", rank0_err)
+    assert planted, rank0_err[-2000:]
+    assert rank1["rc"] == 3, rank1
+    # one line of lockstep's (torch logs its own wait that timed out, in lines of its own)
+    (line,) = [ln for ln in rank1["err"].splitlines() if not ln.startswith("[rank1]:[W")]
+    assert re.match(r"^lockstep: error: rank 0 on \S+ did not answer: no heartbeat from it for "
+                    r"[\d.]+s while this rank waited for the verdict", line), line  # fmt: skip
+    assert gave_up - float(planted.group(1)) < stall_s + 3, "rank 1 was slow to give up"
+    assert {r: res["rc"] for r, res in results.items()} == {0: 0, 1: 0}, results
+    assert "planted slow on rank 0" in results[0]["err"]
