@@ -17,8 +17,9 @@ Confirmation. Whatever the size, the links that looked slow in the first pass ar
 again, up to `CONFIRM_ROUNDS` rounds of disjoint pairs (the links whose ends have the fewest
 other slow links first), before the second pass; the verdict takes each pair's best
 measurement (`best_of`): contention only slows a transfer, so one slowed transfer on a busy
-host is not a slow link, while a slow link is slow every time. Nothing looked slow, no round
-added. In all `ceil(log2 N) + 7` rounds at most beyond the full matrix, within the
+host is not a slow link, while a slow link is slow every time. A link is named only when it
+was slow in both (`verdict.evidence`: slow once, it is not judged). Nothing looked slow, no
+round added. In all `ceil(log2 N) + 7` rounds at most beyond the full matrix, within the
 `2 log2(N) + 4` budget for every N > 32.
 """
 
