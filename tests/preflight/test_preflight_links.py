@@ -488,3 +488,24 @@ def test_planted_slow_node_and_slow_link_still_named(typical):
 
 def rng_jitter(seed, k):
     return random.Random(seed * 100 + k).uniform(0.95, 1.0)
+
+
+def test_a_slow_node_whose_links_alone_were_not_starved_is_measured_again_and_named():
+    """The bed unshaped with ls2 at 40 Mbit/s: every healthy link CPU-bound and starved, ls2's
+    long transfers not. Before, the confirmation took the bar from the unstarved readings
+    alone (ls2's own), so nothing looked slow, nothing was measured again, and the node stayed
+    unconfirmed (7 of 10 runs on the bed)."""
+    first = staged(4, slow_nodes=set(), noise=0.1)[:6]
+    for x in first:
+        if 2 in (x["a"], x["b"]):
+            x.update(gbps=0.0394, gbps_low=0.0383)
+        else:
+            x.update(gbps=x["gbps"] * 0.12, gbps_low=x["gbps"] * 0.02, starved=0.6)
+    plan = schedule.confirm_rounds(4, first)
+    assert sorted(p for r in plan for p in r) == [(0, 2), (1, 2)]  # two rounds: ls2 in each
+    again = [
+        {**x, "round": 3 + k} for k, r in enumerate(plan) for x in first if (x["a"], x["b"]) in r
+    ]
+    out = _assess4(first + again)
+    assert [s["host"] for s in out["slow_nodes"]] == ["n2"] and out["exit_code"] == 1
+    assert out["slow_nodes"][0]["confirmed_links"] == 2 and out["slow_links"] == []

@@ -29,7 +29,7 @@ import math
 import random
 from collections.abc import Iterable, Sequence
 
-from lockstep.preflight.links.stats import Pair, best_of, merge_rails, starved_bar
+from lockstep.preflight.links.stats import Pair, best_of, judgeable, merge_rails, summarize
 
 FULL_MATRIX = 32
 SECOND_PASS = 3
@@ -107,10 +107,14 @@ def suspects(n: int, links: Sequence[dict], min_link_gbps: float | None = None) 
 
 
 def doubtful(n: int, links: Sequence[dict], min_link_gbps: float | None) -> list[bool]:
-    """Per link: slow, or starved and below the threshold (`stats.starved_bar`): the links worth
-    measuring again."""
-    threshold = starved_bar(n, links, min_link_gbps)["threshold"]
-    return [bool(x["gbps"] < threshold) for x in links]  # NaN threshold: nothing
+    """Per link: below the threshold of the links judged (the starved readings that clear
+    the bar with them, as the verdict judges: `stats.judgeable`), or starved and below the bar:
+    the links worth measuring again. (The bar alone missed a slow node whose slow links were
+    the only unstarved ones: they set it, and nothing was measured again.)"""
+    judged, unjudged, _ = judgeable(n, links, min_link_gbps)
+    threshold = summarize(n, judged, min_link_gbps)["threshold"] if judged else math.nan
+    starved = {id(x) for x in unjudged}
+    return [id(x) in starved or bool(x["gbps"] < threshold) for x in links]  # NaN: nothing
 
 
 def confirm_rounds(

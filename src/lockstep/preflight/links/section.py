@@ -13,11 +13,11 @@ from lockstep.preflight.links.schedule import FULL_MATRIX
 from lockstep.preflight.links.stats import (
     STARVED_FRACTION,
     best_of,
+    judgeable,
     matrix,
     median,
     merge_rails,
     rounded,
-    starved_bar,
 )
 from lockstep.preflight.links.verdict import judge, judge_intra
 from lockstep.preflight.problem_kind import NODE, Problems, overall, spread_kind
@@ -181,15 +181,10 @@ def _rail(
     silent_nodes: list[int],
     found: _Findings,
 ) -> dict:
-    """One rail judged: its row of `rails`, its findings into `found`. A starved reading is a
-    lower bound on its link: one at or above the bar of the unstarved readings is judged with
-    them (left out, a loaded machine's starved fast links would leave a slow node's links to
-    set the typical, and nothing is named)."""
+    """One rail judged: its row of `rails`, its findings into `found`; the starved readings
+    below the bar are not judged (`stats.judgeable`)."""
     n = len(nodes.hosts)
-    bar = starved_bar(n, mine, min_link_gbps)
-    judged, unjudged = [], []
-    for x in mine:
-        (unjudged if x.get("starved") and x["gbps"] < bar["threshold"] else judged).append(x)
+    judged, unjudged, bar = judgeable(n, mine, min_link_gbps)
     v = judge(n, judged, min_link_gbps=min_link_gbps, dropped=silent_nodes)
     for x in unjudged:
         _not_judged(nodes, rail, x, bar["typical"], found)

@@ -116,6 +116,20 @@ def starved_bar(n: int, links: Sequence[dict], min_link_gbps: float | None) -> d
     return summarize(n, judged or links, min_link_gbps)
 
 
+def judgeable(
+    n: int, links: Sequence[dict], min_link_gbps: float | None
+) -> tuple[list[dict], list[dict], dict]:
+    """(the links judged, those starved below the bar, the bar: `starved_bar`). A starved
+    reading is a lower bound on its link: one at or above the bar of the unstarved readings is
+    judged with them (left out, a loaded machine's starved fast links would leave a slow
+    node's links to set the typical, and nothing is named or measured again)."""
+    bar = starved_bar(n, links, min_link_gbps)
+    judged, unjudged = [], []
+    for x in links:
+        (unjudged if x.get("starved") and x["gbps"] < bar["threshold"] else judged).append(x)
+    return judged, unjudged, bar
+
+
 def best_of(links: Sequence[dict]) -> list[dict]:
     """Repeated measurements of one node pair on one rail (a confirmation round, or a pairing
     drawn twice) as one link, the fastest, with `measurements` (how many) and `gbps_worst` (the
