@@ -185,7 +185,7 @@ def _rail(
     below the bar are not judged (`stats.judgeable`)."""
     n = len(nodes.hosts)
     judged, unjudged, bar = judgeable(n, mine, min_link_gbps)
-    v = judge(n, judged, min_link_gbps=min_link_gbps, dropped=silent_nodes)
+    v = judge(n, judged, min_link_gbps=min_link_gbps, dropped=silent_nodes, pairs_merged=True)
     for x in unjudged:
         _not_judged(nodes, rail, x, bar["typical"], found)
     for x in v["not_judged"]:

@@ -47,15 +47,17 @@ def judge(
     *,
     min_link_gbps: float | None = None,
     dropped: Iterable[int] = (),
+    pairs_merged: bool = False,
 ) -> dict:
     """The verdict on links between `n` nodes. `links`: dicts with `a`, `b` (node indices) and
-    `gbps` (one per measurement, merged here by `best_of`; more keys are kept). Returns node
+    `gbps` (one per measurement, merged here by `best_of`, unless `pairs_merged`: already
+    one per pair, as `best_of` returns them; more keys are kept). Returns node
     indices: {"typical_gbps", "spread_gbps", "threshold_gbps", "min_margin_gbps",
     "slow_nodes": [{node, median_gbps, slow, confirmed, links, margin_gbps}], "slow_links":
     [{a, b, gbps, margin_gbps, noise_gbps, exclude: [...]}, ...], "not_judged": [{a, b, gbps,
     why, ...}], "dropped", "exclude", "node_median_gbps"}. numpy throughout: 35,000 links
     between 4,096 nodes in well under a second (benchmarks/bench_links.py)."""
-    merged = best_of(links)
+    merged = list(links) if pairs_merged else best_of(links)
     st = summarize(n, merged, min_link_gbps)
     a, b, by = st["a"], st["b"], st["by_node"]
     ev = evidence(merged, st, min_link_gbps)
