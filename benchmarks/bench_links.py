@@ -5,6 +5,7 @@ cluster bed.
     python benchmarks/bench_links.py time [--repeat 5]             # root: 4-node bed
     python benchmarks/bench_links.py contrast [--repeat 3]         # root: 4-node bed
     python benchmarks/bench_links.py sweep [--sweep 20] [--nodes 4 8] [--hogs N]   # root
+        [--unshaped] [--fault node|link] [--save FILE]
     python benchmarks/bench_links.py probe --rate 1gbit --burst 64kb [--nodes 4 8]  # root
 
 sim: synthetic bandwidths (100 Gb/s, 5% Gaussian noise), slow nodes (a fifth) and slow links
@@ -25,7 +26,11 @@ stage's default message size:
 - sweep: the false-alarm sweep: `--sweep` preflights on clean 4- and 8-node beds with the
   stage's default (on across hosts), counting the runs that named anything (exit code not 0 or
   a problem listed), and the CPU-starved transfers (measured again) and links (not judged);
-  `--hogs N` runs N busy loops beside it all the while (a loaded machine);
+  `--hogs N` runs N busy loops beside it all the while (a loaded machine); the load average
+  at each run is printed. `--unshaped`: no tc on the links (veth on one bridge: CPU-bound,
+  noisy readings). `--fault node` plants ls2 at 40 Mbit/s (tbf both ways), `--fault link` the
+  link ls1-ls3 alone at 100 Mbit/s (htb + u32), and counts the runs that named exactly that
+  (the link as a link). `--save FILE` appends each run's links section (JSON lines);
 - probe: links shaped to `--rate`/`--burst` instead of the bed's own: the spread of clean links
   (to pick a rate this machine sustains on all pairs at once).
 """
