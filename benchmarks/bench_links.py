@@ -5,6 +5,7 @@ cluster bed.
     python benchmarks/bench_links.py time [--repeat 5]             # root: 4-node bed
     python benchmarks/bench_links.py contrast [--repeat 3]         # root: 4-node bed
     python benchmarks/bench_links.py sweep [--sweep 20] [--nodes 4 8] [--hogs N]   # root
+        [--unshaped] [--fault node|link] [--save FILE]
     python benchmarks/bench_links.py probe --rate 1gbit --burst 64kb [--nodes 4 8]  # root
 
 sim: synthetic bandwidths (100 Gb/s, 5% Gaussian noise), slow nodes (a fifth) and slow links
@@ -25,7 +26,11 @@ stage's default message size:
 - sweep: the false-alarm sweep: `--sweep` preflights on clean 4- and 8-node beds with the
   stage's default (on across hosts), counting the runs that named anything (exit code not 0 or
   a problem listed), and the CPU-starved transfers (measured again) and links (not judged);
-  `--hogs N` runs N busy loops beside it all the while (a loaded machine);
+  `--hogs N` runs N busy loops beside it all the while (a loaded machine); the load average
+  at each run is printed. `--unshaped`: no tc on the links (veth on one bridge: CPU-bound,
+  noisy readings). `--fault node` plants ls2 at 40 Mbit/s (tbf both ways), `--fault link` the
+  link ls1-ls3 alone at 100 Mbit/s (htb + u32), and counts the runs that named exactly that
+  (the link as a link). `--save FILE` appends each run's links section (JSON lines);
 - probe: links shaped to `--rate`/`--burst` instead of the bed's own: the spread of clean links
   (to pick a rate this machine sustains on all pairs at once).
 """
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -79,7 +85,7 @@ def sim(trials: int) -> None:
             rounds_used.append(used)
             merged = stats.best_of(links)
             c0, w0 = time.process_time(), time.perf_counter()
-            v = verdict.judge(n, merged)
+            v = verdict.judge(n, merged, pairs_merged=True)
             judge_cpu.append(time.process_time() - c0)
             judge_wall.append(time.perf_counter() - w0)
             c0 = time.process_time()
@@ -150,7 +156,7 @@ def _links_summary(data) -> str:
     return (
         f"links {min(values):.3f}-{max(values):.3f} Gb/s (median {statistics.median(values):.3f}),"
         f" {links['rounds']} rounds, stage {links['elapsed_s']:.2f} s, findings "
-        f"{links['kinds'] or 'none'}"
+        f"{links['findings'] or 'none'}"
     )
 
 
@@ -207,7 +213,7 @@ def bench_contrast(repeat: int) -> None:
             print(
                 f"ls1, ls2 unshaped, ls0, ls3 {_describe_rate(bed)}: ls1-ls2 (unshaped) {m[1][2]} "
                 f"Gb/s; ls0-ls3 (shaped) {m[0][3]} Gb/s; ls0-ls1 {m[0][1]}, ls2-ls3 {m[2][3]} "
-                f"(one end shaped); exit {code}, findings {data['links']['kinds'] or 'none'}",
+                f"(one end shaped); exit {code}, findings {data['links']['findings'] or 'none'}",
                 flush=True,
             )
     with Cluster(4, env={"NO_COLOR": "1"}, link_rate=None) as bed:
@@ -219,36 +225,90 @@ def bench_contrast(repeat: int) -> None:
                 print(f"    {p}")
 
 
-def bench_sweep(runs: int, sizes, rate=None, burst=None, hogs: int = 0) -> None:
+def _bed_env() -> dict:
+    """The ranks' environment: this checkout's lockstep where PYTHONPATH names it (the bed's
+    nodes start from a clean environment)."""
+    env = {"NO_COLOR": "1"}
+    if os.environ.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    return env
+
+
+FAULTS = {
+    # a node at 40 Mbit/s both ways (tbf), a single link at 100 Mbit/s (htb + u32 on ls1, ls3)
+    "node": "ls2 at 40mbit",
+    "link": "ls1-ls3 at 100mbit",
+}
+
+
+def _plant(bed, fault: str | None) -> None:
+    if fault == "node":
+        bed.rate_limit(2, "40mbit", burst=bed.link_burst)
+    elif fault == "link":
+        others = bed.link_rate or "100gbit"  # unshaped: the other traffic as good as unlimited
+        bed.rate_limit_pair(1, 3, "100mbit", others=others, burst=bed.link_burst)
+
+
+def bench_sweep(
+    runs: int,
+    sizes,
+    rate=None,
+    burst=None,
+    hogs: int = 0,
+    *,
+    unshaped: bool = False,
+    fault: str | None = None,
+    save: str | None = None,
+) -> None:
     from lockstep.cluster import Cluster
 
     for n in sizes:
         kwargs = {} if rate is None else {"link_rate": rate, "link_burst": burst}
-        with Cluster(n, env={"NO_COLOR": "1"}, **kwargs) as bed:
+        if unshaped:
+            kwargs["link_rate"] = None
+        with Cluster(n, env=_bed_env(), **kwargs) as bed:
+            _plant(bed, fault)
             busy = [bed.popen(0, ["sh", "-c", "while :; do :; done"]) for _ in range(hogs)]
             try:
-                _sweep(bed, n, runs, hogs)
+                _sweep(bed, n, runs, hogs, fault, save)
             finally:
                 for proc in busy:
                     proc.kill_tree()
                     proc.communicate()
 
 
-def _sweep(bed, n: int, runs: int, hogs: int) -> None:
-    alarms, ratios, stages, confirmed = 0, [], [], 0
+def _right(links: dict, fault: str | None) -> bool:
+    """Whether a run named exactly the planted fault (nothing, on a clean bed)."""
+    nodes = sorted({s["host"] for s in links["slow_nodes"]})
+    pairs = sorted({tuple(sorted(s["hosts"])) for s in links["slow_links"]})
+    if fault == "node":
+        return nodes == ["ls2"] and pairs == []
+    if fault == "link":
+        return nodes == [] and pairs == [("ls1", "ls3")]
+    return not links["problems"]
+
+
+def _sweep(bed, n: int, runs: int, hogs: int, fault: str | None, save: str | None) -> None:
+    alarms, right, ratios, stages, confirmed = 0, 0, [], [], 0
     reps = starved = extra = unjudged = unjudged_runs = 0
     loads = []
     start = time.monotonic()
     for i in range(runs):
-        loads.append(os.getloadavg()[0])
+        load = os.getloadavg()[0]
+        loads.append(load)
         code, data, tail = launch(bed)  # the default: on across hosts
         if data is None or "links" not in data:
             alarms += 1
-            print(f"  run {i}: exit {code}, no report: {tail[-600:]}", flush=True)
+            print(f"  run {i}: load {load:.1f}, exit {code}, no report: {tail[-600:]}", flush=True)
             continue
         links = data["links"]
+        if save:
+            with open(save, "a") as f:
+                f.write(json.dumps({"run": i, "n": n, "fault": fault, "load": load,
+                                    "code": code, "links": links}) + "\n")  # fmt: skip
         named = code != 0 or bool(links["problems"])
         alarms += named
+        right += code == (1 if fault else 0) and _right(links, fault)
         typical = links["typical_gbps"]
         judged = [x for x in links["links"] if not x.get("starved")]
         ratios += [x["gbps"] / typical for x in judged] if typical else []
@@ -262,21 +322,23 @@ def _sweep(bed, n: int, runs: int, hogs: int) -> None:
         unjudged += len(links["not_judged"])
         unjudged_runs += bool(links["not_judged"])
         print(
-            f"  run {i}: exit {code}, typical {typical} Gb/s, {_links_summary(data)}, "
-            f"{again} measured again; transfers {cpu['reps']}, CPU-starved {cpu['starved_reps']}"
-            f", extra {cpu['extra_reps']}, not judged {len(links['not_judged'])}"
-            + (f"; {links['problems']}" if named else ""),
+            f"  run {i}: load {load:.1f}, exit {code}, typical {typical} Gb/s, "
+            f"{_links_summary(data)}, {again} measured again; transfers {cpu['reps']}, "
+            f"CPU-starved {cpu['starved_reps']}, extra {cpu['extra_reps']}, not judged "
+            f"{len(links['not_judged'])}" + (f"; {links['problems']}" if named else ""),
             flush=True,
         )
     spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "-"
+    what = f"{FAULTS[fault]}: named right in {right} of {runs}" if fault else "clean"
     print(
-        f"clean {n}-node bed, links {_describe_rate(bed)}, {hogs} busy loops beside it (load "
-        f"{min(loads):.1f}-{max(loads):.1f}): {alarms} of {runs} runs named a slow node or link; "
+        f"{n}-node bed, links {_describe_rate(bed)}, {what}; {hogs} busy loops beside it (load "
+        f"{min(loads):.1f}-{max(loads):.1f}, each run's: {' '.join(f'{x:.1f}' for x in loads)}): "
+        f"{alarms} of {runs} runs named a slow node or link; "
         f"every judged link at {spread} of its run's typical; {confirmed} runs measured a link "
         f"again (it looked slow once); {reps} transfers, {starved} CPU-starved, {extra} extra; "
-        f"{unjudged} links not judged (CPU-starved) in {unjudged_runs} runs; the stage median "
-        f"{statistics.median(stages):.2f} s (max {max(stages):.2f}); "
-        f"{time.monotonic() - start:.0f} s in all",
+        f"{unjudged} links not judged in {unjudged_runs} runs; the stage median "
+        f"{statistics.median(stages) if stages else math.nan:.2f} s (max "
+        f"{max(stages, default=math.nan):.2f}); {time.monotonic() - start:.0f} s in all",
         flush=True,
     )
 
@@ -291,6 +353,9 @@ def main() -> None:
     parser.add_argument("--rate")
     parser.add_argument("--burst", default="64kb")
     parser.add_argument("--hogs", type=int, default=0, help="sweep: busy loops beside it")
+    parser.add_argument("--unshaped", action="store_true", help="sweep: no tc on the links")
+    parser.add_argument("--fault", choices=sorted(FAULTS), help="sweep: plant one (FAULTS)")
+    parser.add_argument("--save", help="sweep: append each run's links section to this file")
     args = parser.parse_args()
     os.environ.setdefault("NO_COLOR", "1")
     if args.what == "sim":
@@ -300,7 +365,14 @@ def main() -> None:
     elif args.what == "contrast":
         bench_contrast(args.repeat)
     elif args.what == "sweep":
-        bench_sweep(args.sweep, args.nodes, hogs=args.hogs)
+        bench_sweep(
+            args.sweep,
+            args.nodes,
+            hogs=args.hogs,
+            unshaped=args.unshaped,
+            fault=args.fault,
+            save=args.save,
+        )
     else:
         bench_sweep(args.repeat, args.nodes, args.rate, args.burst)
 

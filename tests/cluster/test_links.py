@@ -124,6 +124,11 @@ def test_slow_node_named_not_its_partners(bed4):
     assert data["finding"] == "slow_node" and data["exit_code"] == 1
     assert exclude == "ls2"
     assert "slow node ls2" in results["ls0"].stdout
+    # named on evidence (#38): two slow links or more, one slow again when measured again, its
+    # median clear of the threshold by the margin the report records
+    (node,) = links["slow_nodes"]
+    assert node["slow_links"] >= 2 and node["confirmed_links"] >= 1, node
+    assert node["margin_gbps"] >= links["rails"][0]["min_margin_gbps"] > 0, links["rails"]
 
 
 def hogs(bed: Cluster, node: int, count: int, cpu: int | None = None) -> list:
@@ -246,6 +251,8 @@ def test_slow_link_named_neither_node(bed4):
     # measured again (confirmation), slow again: the best of both is still a fifth or so
     slow = links["slow_links"][0]
     assert slow["gbps"] < 0.4 * slow["typical_gbps"]
+    assert slow["measurements"] >= 2 and slow["noise_gbps"] < slow["margin_gbps"], slow
+    assert slow["margin_gbps"] >= links["rails"][0]["min_margin_gbps"] > 0, links["rails"]
     assert set(links["exclude"]) <= {"ls1", "ls2"} and links["exclude"]
     assert sorted(expand(exclude)) == sorted(links["exclude"])  # the Slurm host list
     assert "slow link ls1" in results["ls0"].stdout

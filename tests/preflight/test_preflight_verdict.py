@@ -241,6 +241,8 @@ def test_the_link_stages_exclude_list_joins_failed_hosts():
         for k, pairs in enumerate(round_robin(4))
         for a, b in pairs
     ]  # fmt: skip
+    # the confirmation round: ls2's links measured again, slow again (named only then, #38)
+    cross += [{**x, "round": 3} for x in cross if 2 in (x["a"], x["b"])]
     links = assess(hosts=hosts, ranks=[[k] for k in range(4)], local=[0] * 4,
                    cross=cross, timeout_s=5)  # fmt: skip
     ids = [identity(r, host=h) for r, h in enumerate(hosts)]
@@ -338,6 +340,8 @@ def test_blocking_checks_and_the_link_stage_say_node_with_a_greppable_reason():
         for k, pairs in enumerate(round_robin(4))
         for a, b in pairs
     ]  # fmt: skip
+    # the confirmation round: ls2's links measured again, slow again (named only then, #38)
+    cross += [{**x, "round": 3} for x in cross if 2 in (x["a"], x["b"])]
     links = assess(hosts=hosts, ranks=[[k] for k in range(4)], local=[0] * 4,
                    cross=cross, timeout_s=5)  # fmt: skip
     assert links["finding"] == "slow_link" and links["kind"] == "node"

@@ -36,7 +36,8 @@ def bandwidth(pair: Pair) -> dict:
     sent = first_out if pair.first else second_out
     return {
         "gbps_out": round(pair.nbytes * 8 / sent["seconds"] / 1e9, 4),
-        **{k: v for k, v in sent.items() if k != "seconds"},
+        "gbps_low_out": round(pair.nbytes * 8 / sent["slowest"] / 1e9, 4),
+        **{k: v for k, v in sent.items() if k not in ("seconds", "slowest")},
     }
 
 
@@ -83,8 +84,9 @@ def _one_way(pair: Pair, buf: _Buffers, sending: bool) -> dict:
     """REPS transfers, and up to EXTRA_REPS more while every one was starved; the sender
     decides and says so (`flag`) after each from the REPS-th on. The best of them all:
     starvation only slows a transfer, so a starved one faster than the rest still bounds the
-    link's speed from below; `starved` only when every one was."""
-    best, reps, starved, least, known = math.inf, 0, 0, math.inf, False
+    link's speed from below; `starved` only when every one was. The slowest too (`slowest`):
+    how far the repeats spread, so that a noisy reading is not judged (`verdict`)."""
+    best, slowest, reps, starved, least, known = math.inf, 0.0, 0, 0, math.inf, False
     while True:
         if sending and reps >= REPS:
             time.sleep(STARVED_PAUSE_S)
@@ -92,6 +94,7 @@ def _one_way(pair: Pair, buf: _Buffers, sending: bool) -> dict:
         reps += 1
         if sending:
             best = min(best, elapsed)
+            slowest = max(slowest, elapsed)
             known = known or frac is not None
             if frac is not None and frac > STARVED_FRACTION:
                 starved += 1
@@ -109,6 +112,7 @@ def _one_way(pair: Pair, buf: _Buffers, sending: bool) -> dict:
             break
     return {
         "seconds": best,
+        "slowest": slowest,
         "reps": reps,
         "starved_reps": starved,
         "extra_reps": reps - REPS,

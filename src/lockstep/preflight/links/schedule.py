@@ -17,8 +17,9 @@ Confirmation. Whatever the size, the links that looked slow in the first pass ar
 again, up to `CONFIRM_ROUNDS` rounds of disjoint pairs (the links whose ends have the fewest
 other slow links first), before the second pass; the verdict takes each pair's best
 measurement (`best_of`): contention only slows a transfer, so one slowed transfer on a busy
-host is not a slow link, while a slow link is slow every time. Nothing looked slow, no round
-added. In all `ceil(log2 N) + 7` rounds at most beyond the full matrix, within the
+host is not a slow link, while a slow link is slow every time. A link is named only when it
+was slow in both (`verdict.evidence`: slow once, it is not judged). Nothing looked slow, no
+round added. In all `ceil(log2 N) + 7` rounds at most beyond the full matrix, within the
 `2 log2(N) + 4` budget for every N > 32.
 """
 
@@ -28,7 +29,7 @@ import math
 import random
 from collections.abc import Iterable, Sequence
 
-from lockstep.preflight.links.stats import Pair, best_of, merge_rails, starved_bar
+from lockstep.preflight.links.stats import Pair, best_of, judgeable, merge_rails, summarize
 
 FULL_MATRIX = 32
 SECOND_PASS = 3
@@ -106,10 +107,14 @@ def suspects(n: int, links: Sequence[dict], min_link_gbps: float | None = None) 
 
 
 def doubtful(n: int, links: Sequence[dict], min_link_gbps: float | None) -> list[bool]:
-    """Per link: slow, or starved and below the threshold (`stats.starved_bar`): the links worth
-    measuring again."""
-    threshold = starved_bar(n, links, min_link_gbps)["threshold"]
-    return [bool(x["gbps"] < threshold) for x in links]  # NaN threshold: nothing
+    """Per link: below the threshold of the links judged (the starved readings that clear
+    the bar with them, as the verdict judges: `stats.judgeable`), or starved and below the bar:
+    the links worth measuring again. (The bar alone missed a slow node whose slow links were
+    the only unstarved ones: they set it, and nothing was measured again.)"""
+    judged, unjudged, _ = judgeable(n, links, min_link_gbps)
+    threshold = summarize(n, judged, min_link_gbps)["threshold"] if judged else math.nan
+    starved = {id(x) for x in unjudged}
+    return [id(x) in starved or bool(x["gbps"] < threshold) for x in links]  # NaN: nothing
 
 
 def confirm_rounds(

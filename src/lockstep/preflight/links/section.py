@@ -13,11 +13,11 @@ from lockstep.preflight.links.schedule import FULL_MATRIX
 from lockstep.preflight.links.stats import (
     STARVED_FRACTION,
     best_of,
+    judgeable,
     matrix,
     median,
     merge_rails,
     rounded,
-    starved_bar,
 )
 from lockstep.preflight.links.verdict import judge, judge_intra
 from lockstep.preflight.problem_kind import NODE, Problems, overall, spread_kind
@@ -181,18 +181,15 @@ def _rail(
     silent_nodes: list[int],
     found: _Findings,
 ) -> dict:
-    """One rail judged: its row of `rails`, its findings into `found`. A starved reading is a
-    lower bound on its link: one at or above the bar of the unstarved readings is judged with
-    them (left out, a loaded machine's starved fast links would leave a slow node's links to
-    set the typical, and nothing is named)."""
+    """One rail judged: its row of `rails`, its findings into `found`; the starved readings
+    below the bar are not judged (`stats.judgeable`)."""
     n = len(nodes.hosts)
-    bar = starved_bar(n, mine, min_link_gbps)
-    judged, unjudged = [], []
-    for x in mine:
-        (unjudged if x.get("starved") and x["gbps"] < bar["threshold"] else judged).append(x)
-    v = judge(n, judged, min_link_gbps=min_link_gbps, dropped=silent_nodes)
+    judged, unjudged, bar = judgeable(n, mine, min_link_gbps)
+    v = judge(n, judged, min_link_gbps=min_link_gbps, dropped=silent_nodes, pairs_merged=True)
     for x in unjudged:
         _not_judged(nodes, rail, x, bar["typical"], found)
+    for x in v["not_judged"]:
+        _in_doubt(nodes, rail, x, v, found)
     for s in v["slow_nodes"]:
         _slow_node(nodes, rail, s, v["typical_gbps"], found)
     for s in v["slow_links"]:
@@ -203,8 +200,10 @@ def _rail(
         "typical_gbps": rounded(v["typical_gbps"]),
         "spread_gbps": rounded(v["spread_gbps"]),
         "threshold_gbps": rounded(v["threshold_gbps"]),
+        "min_margin_gbps": rounded(v["min_margin_gbps"]),
         "links": len(mine),
         "starved": len(unjudged),
+        "in_doubt": len(v["not_judged"]),
     }
 
 
@@ -220,12 +219,49 @@ def _not_judged(nodes: _Nodes, rail: int, x: dict, typical: float, found: _Findi
             "gbps": rounded(x["gbps"]),
             "typical_gbps": rounded(typical),
             "starved": rounded(x["starved"]),
+            "why": "starved",
         }
     )
     found.warnings.append(
         f"link {nodes.who(a, rail)} <-> {nodes.who(b, rail)} not judged: CPU-starved, its ends "
         f"waited for a CPU {x['starved']:.0%} of the transfer in every measurement "
         f"({rounded(x['gbps'])} Gb/s measured, typical {rounded(typical)} Gb/s)"
+    )
+
+
+_DOUBT = {
+    "borderline": "within the margin below the threshold",
+    "noisy": "its repeats spread wider than its distance below the threshold",
+    "unconfirmed": "slow in one measurement only",
+}
+
+
+def _in_doubt(nodes: _Nodes, rail: int, x: dict, v: dict, found: _Findings) -> None:
+    """A link read below the threshold but not named (`verdict.evidence`): not judged."""
+    a, b = x["a"], x["b"]
+    found.not_judged.append(
+        {
+            "hosts": [nodes.hosts[a], nodes.hosts[b]],
+            "nodes": [a, b],
+            "rail": rail,
+            "ranks": x["ranks"],
+            "local_ranks": nodes.locals_of(x["ranks"]),
+            "gbps": rounded(x["gbps"]),
+            "gbps_worst": rounded(x["gbps_worst"]),
+            "measurements": x["measurements"],
+            "typical_gbps": rounded(v["typical_gbps"]),
+            "threshold_gbps": rounded(v["threshold_gbps"]),
+            "margin_gbps": rounded(x["margin_gbps"]),
+            "min_margin_gbps": rounded(v["min_margin_gbps"]),
+            "noise_gbps": rounded(x["noise_gbps"]),
+            "why": x["why"],
+        }
+    )
+    found.warnings.append(
+        f"link {nodes.who(a, rail)} <-> {nodes.who(b, rail)} not judged: {x['why']}, "
+        f"{_DOUBT[x['why']]} ({rounded(x['gbps'])} Gb/s at best, {rounded(x['gbps_worst'])} at "
+        f"worst in {x['measurements']} measurement(s); threshold "
+        f"{rounded(v['threshold_gbps'])} Gb/s, margin needed {rounded(v['min_margin_gbps'])})"
     )
 
 
@@ -241,7 +277,9 @@ def _slow_node(nodes: _Nodes, rail: int, s: dict, typical: float, found: _Findin
             "median_gbps": rounded(s["median_gbps"]),
             "typical_gbps": rounded(typical),
             "slow_links": s["slow"],
+            "confirmed_links": s["confirmed"],
             "links": s["links"],
+            "margin_gbps": rounded(s["margin_gbps"]),
         }
     )
     found.problem(
@@ -267,6 +305,9 @@ def _slow_link(nodes: _Nodes, rail: int, s: dict, typical: float, found: _Findin
             "typical_gbps": rounded(typical),
             "others_gbps": [rounded(x) for x in s["others_gbps"]],
             "exclude": [hosts[e] for e in s["exclude"]],
+            "measurements": s["measurements"],
+            "margin_gbps": rounded(s["margin_gbps"]),
+            "noise_gbps": rounded(s["noise_gbps"]),
         }
     )
     found.problem(

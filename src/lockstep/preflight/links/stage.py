@@ -189,6 +189,8 @@ def pair_links(lay: Layout, records: dict[int, list[dict]]) -> tuple[list[dict],
             "gbps": min(d["gbps_out"] for d in dirs.values()),
             "gbps_ab": dirs["ab"]["gbps_out"] if "ab" in dirs else None,
             "gbps_ba": dirs["ba"]["gbps_out"] if "ba" in dirs else None,
+            # the slowest transfer either way: how far this measurement's repeats spread
+            "gbps_low": min(d.get("gbps_low_out", d["gbps_out"]) for d in dirs.values()),
         }
         for key in measure.carried():
             link[key] = dirs["ab"].get(key) if "ab" in dirs else None

@@ -29,6 +29,10 @@ import numpy as np
 K_MAD = 4.0
 MIN_DROP = 0.25
 MAX_DROP = 0.6
+# A link is named only this far (a fraction of typical) below the threshold, or further, and
+# only where its repeats spread less than that distance (`verdict`): between the threshold and
+# this margin a reading is "not judged" (borderline), never slow.
+MIN_MARGIN = 0.1
 # A transfer is CPU-starved when its two ends together waited more than this fraction of it
 # for a CPU. Starvation slows a transfer by at most the time waited, so one whose ends waited at
 # most MIN_DROP of it ran at (1 - MIN_DROP) or more of its unstarved speed: a link at the typical
@@ -85,6 +89,7 @@ def summarize(n: int, links: Sequence[dict], min_link_gbps: float | None) -> dic
     spread = 1.4826 * float(np.median(np.abs(near - typical))) if len(near) else 0.0
     drop = min(MAX_DROP * typical, max(K_MAD * spread, MIN_DROP * typical))
     threshold = typical - drop if len(measured) else math.nan
+    bar = threshold  # the readings' own, before the floor
     if min_link_gbps is not None:
         threshold = min_link_gbps if math.isnan(threshold) else max(threshold, min_link_gbps)
     slow = g < threshold  # NaN threshold: nothing slow
@@ -97,6 +102,7 @@ def summarize(n: int, links: Sequence[dict], min_link_gbps: float | None) -> dic
         "typical": typical,
         "spread": spread,
         "threshold": threshold,
+        "bar": bar,
         "slow": slow,
     }
 
@@ -110,29 +116,53 @@ def starved_bar(n: int, links: Sequence[dict], min_link_gbps: float | None) -> d
     return summarize(n, judged or links, min_link_gbps)
 
 
+def judgeable(
+    n: int, links: Sequence[dict], min_link_gbps: float | None
+) -> tuple[list[dict], list[dict], dict]:
+    """(the links judged, those starved below the bar, the bar: `starved_bar`). A starved
+    reading is a lower bound on its link: one at or above the bar of the unstarved readings is
+    judged with them (left out, a loaded machine's starved fast links would leave a slow
+    node's links to set the typical, and nothing is named or measured again)."""
+    bar = starved_bar(n, links, min_link_gbps)
+    judged, unjudged = [], []
+    for x in links:
+        (unjudged if x.get("starved") and x["gbps"] < bar["threshold"] else judged).append(x)
+    return judged, unjudged, bar
+
+
 def best_of(links: Sequence[dict]) -> list[dict]:
     """Repeated measurements of one node pair on one rail (a confirmation round, or a pairing
-    drawn twice) as one link, the fastest, with `measurements` (how many). Contention for a
-    shared CPU, bus or switch only ever slows a transfer, so the best of several is the link's
-    speed (as nccl-tests and iperf report the best); a link that is slow stays slow every time
-    it is measured. `starved` stays only when every measurement was starved (the least starved
-    fraction): one measurement with both ends on a CPU is the link's own speed. Order: each pair
-    where it first appears."""
+    drawn twice) as one link, the fastest, with `measurements` (how many) and `gbps_worst` (the
+    slowest reading among them, their transfers included: how far the repeats spread).
+    Contention for a shared CPU, bus or switch only ever slows a transfer, so the best of
+    several is the link's speed (as nccl-tests and iperf report the best); a link that is slow
+    stays slow every time it is measured. `starved` stays only when every measurement was
+    starved (the least starved fraction): one measurement with both ends on a CPU is the link's
+    own speed. Idempotent (merged links merge again with their counts). Order: each pair where
+    it first appears."""
     best: dict[tuple[int, int, int], dict] = {}
     for x in links:
         key = (min(x["a"], x["b"]), max(x["a"], x["b"]), x.get("rail", 0))
         cur = best.get(key)
+        worst = _worst(x)
         if cur is None:
-            best[key] = {**x, "measurements": 1}
+            best[key] = {**x, "measurements": x.get("measurements", 1), "gbps_worst": worst}
             continue
         starved = _starved_both(cur.get("starved"), x.get("starved"))
         merged = {**x} if x["gbps"] > cur["gbps"] else cur
-        merged["measurements"] = cur["measurements"] + 1
+        merged["measurements"] = cur["measurements"] + x.get("measurements", 1)
+        merged["gbps_worst"] = min(cur["gbps_worst"], worst)
         merged.pop("starved", None)
         if starved is not None:
             merged["starved"] = starved
         best[key] = merged
     return list(best.values())
+
+
+def _worst(x: dict) -> float:
+    """One measurement's (or merged link's) slowest reading: its transfers' slowest where known."""
+    lows = [x.get("gbps_worst"), x.get("gbps_low")]
+    return min([x["gbps"], *(v for v in lows if v is not None)])
 
 
 def _starved_both(a: float | None, b: float | None) -> float | None:
