@@ -284,7 +284,7 @@ def test_starved_links_are_not_judged_never_named():
     from lockstep.preflight import report
 
     lines = report.links_markdown(out)
-    assert "3 not judged, CPU-starved" in lines[1]
+    assert "3 not judged (3 CPU-starved)" in lines[1]
     rows = [line for line in lines if line.startswith("| n")]
     assert [r.endswith("| not judged (CPU-starved) |") for r in rows] == [True] * 3 + [False] * 3
 

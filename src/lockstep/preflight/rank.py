@@ -9,7 +9,6 @@ store, so every rank exits with the same code.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import socket
@@ -24,7 +23,15 @@ import torch.distributed as dist
 from lockstep.env import compare, fingerprint
 from lockstep.errors import EXIT_TIMEOUT, CheckFailed, RankTimeout
 from lockstep.launch.detect import RankInfo
-from lockstep.preflight import collectives, heartbeat, job_key, report, silence, verdict
+from lockstep.preflight import (
+    collectives,
+    heartbeat,
+    job_key,
+    report,
+    report_json,
+    silence,
+    verdict,
+)
 from lockstep.preflight.identity import identity_of
 from lockstep.preflight.lines import first_line, ranges
 from lockstep.preflight.links import stage as link_stage
@@ -362,7 +369,7 @@ def answer_checkin(
         if blocked:
             answer["blocked"] = blocked["line"]
             if json_path:
-                Path(json_path).write_text(json.dumps(blocked, indent=2, sort_keys=True) + "\n")
+                report_json.write(blocked, Path(json_path))
     checkin.answer(answer)
     return answer
 

@@ -8,6 +8,7 @@ secret-looking variables were already replaced by salted hashes at collection.
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from pathlib import Path
 
 from lockstep.env.summary import cell
@@ -224,6 +225,8 @@ def scheduler_line(report: dict) -> str:
 
 
 _LINK_ROWS = 40  # the terminal and the step summary list this many links, the slowest first
+# why a link is not judged (`links.verdict`), in the table's words
+_WHY = {"starved": "CPU-starved", "unconfirmed": "measured once"}
 
 
 def _link_rows(links: dict) -> list[tuple[str, ...]]:
@@ -231,8 +234,10 @@ def _link_rows(links: dict) -> list[tuple[str, ...]]:
     hosts = [n["host"] for n in links["nodes"]]
     slow = {(tuple(sorted(s["nodes"])), s["rail"]) for s in links["slow_links"]}
     slow_nodes = {(s["node"], s.get("rail")) for s in links["slow_nodes"]}
-    starved = {
-        (tuple(sorted(s["nodes"])), s["rail"]) for s in links.get("not_judged", []) if "nodes" in s
+    unjudged = {
+        (tuple(sorted(s["nodes"])), s["rail"]): _WHY.get(s.get("why", "starved"), s.get("why"))
+        for s in links.get("not_judged", [])
+        if "nodes" in s
     }
     rows = []
     for x in heapq.nsmallest(_LINK_ROWS, links["links"], key=lambda x: x["gbps"]):
@@ -241,8 +246,8 @@ def _link_rows(links: dict) -> list[tuple[str, ...]]:
             status = "slow link"
         elif (x["a"], x["rail"]) in slow_nodes or (x["b"], x["rail"]) in slow_nodes:
             status = "slow node"
-        elif (pair, x["rail"]) in starved:
-            status = _NOT_JUDGED
+        elif (pair, x["rail"]) in unjudged:
+            status = f"not judged ({unjudged[pair, x['rail']]})"
         else:
             status = "ok"
         rows.append(
@@ -258,16 +263,15 @@ def _link_rows(links: dict) -> list[tuple[str, ...]]:
     return rows
 
 
-_NOT_JUDGED = "not judged (CPU-starved)"
-
-
 def _links_title(links: dict) -> str:
     shown = min(len(links["links"]), _LINK_ROWS)
-    starved = len(links.get("not_judged", []))
+    why = Counter(s.get("why", "starved") for s in links.get("not_judged", []))
+    reasons = ", ".join(f"{n} {_WHY.get(reason, reason)}" for reason, n in why.most_common())
+    unjudged = f"{why.total()} not judged ({reasons})" if why else ""
     return (
         f"links: {len(links['nodes'])} nodes, {links['rounds']} rounds, {links['schedule']} "
         f"schedule, typical {links['typical_gbps']} Gb/s ({shown} of {len(links['links'])} "
-        "links, slowest first" + (f"; {starved} not judged, CPU-starved" if starved else "") + ")"
+        "links, slowest first" + (f"; {unjudged}" if unjudged else "") + ")"
     )
 
 
@@ -277,9 +281,9 @@ def links_table(links: dict):
     table = Table(title=_links_title(links))
     for col in ("host a", "host b", "rail", "Gb/s", "latency us", "status"):
         table.add_column(col)
-    style = {"ok": "green", "slow link": "bold red", "slow node": "bold red", _NOT_JUDGED: "yellow"}
+    style = {"ok": "green", "slow link": "bold red", "slow node": "bold red"}
     for row in _link_rows(links):
-        table.add_row(*(cell(c) for c in row[:5]), f"[{style[row[5]]}]{row[5]}[/]")
+        table.add_row(*(cell(c) for c in row[:5]), f"[{style.get(row[5], 'yellow')}]{row[5]}[/]")
     if links["exclude"]:
         table.caption = f"exclude: {links['exclude_hostlist']}"
     return table
