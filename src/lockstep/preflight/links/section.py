@@ -207,21 +207,25 @@ def _rail(
     }
 
 
+def _unjudged_row(nodes: _Nodes, rail: int, x: dict, typical: float, why: str) -> dict:
+    """A not-judged link's row in the report, whatever kept it from a verdict (`why`)."""
+    a, b = x["a"], x["b"]
+    return {
+        "hosts": [nodes.hosts[a], nodes.hosts[b]],
+        "nodes": [a, b],
+        "rail": rail,
+        "ranks": x["ranks"],
+        "local_ranks": nodes.locals_of(x["ranks"]),
+        "gbps": rounded(x["gbps"]),
+        "typical_gbps": rounded(typical),
+        "why": why,
+    }
+
+
 def _not_judged(nodes: _Nodes, rail: int, x: dict, typical: float, found: _Findings) -> None:
     a, b = x["a"], x["b"]
-    found.not_judged.append(
-        {
-            "hosts": [nodes.hosts[a], nodes.hosts[b]],
-            "nodes": [a, b],
-            "rail": rail,
-            "ranks": x["ranks"],
-            "local_ranks": nodes.locals_of(x["ranks"]),
-            "gbps": rounded(x["gbps"]),
-            "typical_gbps": rounded(typical),
-            "starved": rounded(x["starved"]),
-            "why": "starved",
-        }
-    )
+    row = _unjudged_row(nodes, rail, x, typical, "starved")
+    found.not_judged.append(row | {"starved": rounded(x["starved"])})
     found.warnings.append(
         f"link {nodes.who(a, rail)} <-> {nodes.who(b, rail)} not judged: CPU-starved, its ends "
         f"waited for a CPU {x['starved']:.0%} of the transfer in every measurement "
@@ -240,21 +244,14 @@ def _in_doubt(nodes: _Nodes, rail: int, x: dict, v: dict, found: _Findings) -> N
     """A link read below the threshold but not named (`verdict.evidence`): not judged."""
     a, b = x["a"], x["b"]
     found.not_judged.append(
-        {
-            "hosts": [nodes.hosts[a], nodes.hosts[b]],
-            "nodes": [a, b],
-            "rail": rail,
-            "ranks": x["ranks"],
-            "local_ranks": nodes.locals_of(x["ranks"]),
-            "gbps": rounded(x["gbps"]),
+        _unjudged_row(nodes, rail, x, v["typical_gbps"], x["why"])
+        | {
             "gbps_worst": rounded(x["gbps_worst"]),
             "measurements": x["measurements"],
-            "typical_gbps": rounded(v["typical_gbps"]),
             "threshold_gbps": rounded(v["threshold_gbps"]),
             "margin_gbps": rounded(x["margin_gbps"]),
             "min_margin_gbps": rounded(v["min_margin_gbps"]),
             "noise_gbps": rounded(x["noise_gbps"]),
-            "why": x["why"],
         }
     )
     found.warnings.append(
