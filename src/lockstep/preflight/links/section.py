@@ -207,8 +207,8 @@ def _rail(
     }
 
 
-def _unjudged_row(nodes: _Nodes, rail: int, x: dict, typical: float, why: str) -> dict:
-    """A not-judged link's row in the report, whatever kept it from a verdict (`why`)."""
+def _link_row(nodes: _Nodes, rail: int, x: dict, typical: float) -> dict:
+    """A named or not-judged link's row in the report: where it is and what it read."""
     a, b = x["a"], x["b"]
     return {
         "hosts": [nodes.hosts[a], nodes.hosts[b]],
@@ -218,14 +218,13 @@ def _unjudged_row(nodes: _Nodes, rail: int, x: dict, typical: float, why: str) -
         "local_ranks": nodes.locals_of(x["ranks"]),
         "gbps": rounded(x["gbps"]),
         "typical_gbps": rounded(typical),
-        "why": why,
     }
 
 
 def _not_judged(nodes: _Nodes, rail: int, x: dict, typical: float, found: _Findings) -> None:
     a, b = x["a"], x["b"]
-    row = _unjudged_row(nodes, rail, x, typical, "starved")
-    found.not_judged.append(row | {"starved": rounded(x["starved"])})
+    row = _link_row(nodes, rail, x, typical)
+    found.not_judged.append(row | {"starved": rounded(x["starved"]), "why": "starved"})
     found.warnings.append(
         f"link {nodes.who(a, rail)} <-> {nodes.who(b, rail)} not judged: CPU-starved, its ends "
         f"waited for a CPU {x['starved']:.0%} of the transfer in every measurement "
@@ -244,8 +243,9 @@ def _in_doubt(nodes: _Nodes, rail: int, x: dict, v: dict, found: _Findings) -> N
     """A link read below the threshold but not named (`verdict.evidence`): not judged."""
     a, b = x["a"], x["b"]
     found.not_judged.append(
-        _unjudged_row(nodes, rail, x, v["typical_gbps"], x["why"])
+        _link_row(nodes, rail, x, v["typical_gbps"])
         | {
+            "why": x["why"],
             "gbps_worst": rounded(x["gbps_worst"]),
             "measurements": x["measurements"],
             "threshold_gbps": rounded(v["threshold_gbps"]),
@@ -292,14 +292,8 @@ def _slow_link(nodes: _Nodes, rail: int, s: dict, typical: float, found: _Findin
     a, b = s["a"], s["b"]
     hosts = nodes.hosts
     found.slow_links.append(
-        {
-            "hosts": [hosts[a], hosts[b]],
-            "nodes": [a, b],
-            "rail": rail,
-            "ranks": s["ranks"],
-            "local_ranks": nodes.locals_of(s["ranks"]),
-            "gbps": rounded(s["gbps"]),
-            "typical_gbps": rounded(typical),
+        _link_row(nodes, rail, s, typical)
+        | {
             "others_gbps": [rounded(x) for x in s["others_gbps"]],
             "exclude": [hosts[e] for e in s["exclude"]],
             "measurements": s["measurements"],
