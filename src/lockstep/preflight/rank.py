@@ -106,6 +106,7 @@ def run_rank(info: RankInfo, options: Options) -> int:
             rank=info.rank,
             world_size=info.world_size,
             timeout=timedelta(seconds=options.timeout),
+            device_id=device if device.type == "cuda" else None,  # eager: P2P batches reuse it
         )
         ignored = compare.Ignored(options.allow)
         gathered = _exchange(job, fp, ignored)

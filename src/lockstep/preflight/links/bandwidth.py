@@ -54,25 +54,24 @@ def _transfer(pair: Pair, buf: _Buffers, sending: bool) -> tuple[float, float | 
     Each side reads its wait around its part; /proc is read outside the timed span (about
     15 us a thread: a GPU rank's dozens of threads would skew a fast link's reading), so the
     receiver's wait follows the ack in a message of its own."""
-    dist, peer, small = pair.dist, pair.peer, buf.small
+    small = buf.small
     pair.sync()
     before = run_delays()
     t0 = time.perf_counter()
     if sending:
-        dist.send(buf.big, peer)
-        dist.recv(small, peer)
+        pair.send_then_recv(buf.big, small)
     else:
-        dist.recv(buf.big, peer)
-        dist.send(small, peer)
+        pair.recv(buf.big)
+        pair.send(small)
     pair.sync()
     elapsed = time.perf_counter() - t0
     waited = waited_s(before, run_delays())
     if not sending:
         small[0] = -1.0 if waited is None else waited
-        dist.send(small, peer)
+        pair.send(small)
         pair.sync()
         return 0.0, None
-    dist.recv(small, peer)
+    pair.recv(small)
     pair.sync()
     theirs = float(small[0].item())
     if waited is None and theirs < 0:
@@ -104,9 +103,9 @@ def _one_way(pair: Pair, buf: _Buffers, sending: bool) -> dict:
         if sending:
             more = starved == reps and reps < REPS + EXTRA_REPS
             buf.flag[0] = 1.0 if more else 0.0
-            pair.dist.send(buf.flag, pair.peer)
+            pair.send(buf.flag)
         else:
-            pair.dist.recv(buf.flag, pair.peer)
+            pair.recv(buf.flag)
         pair.sync()
         if not float(buf.flag[0].item()):
             break

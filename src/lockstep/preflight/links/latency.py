@@ -1,5 +1,5 @@
 """Latency: half the median round trip of a small message, after one warm-up round trip
-(NCCL builds the pair's communicator there)."""
+(NCCL connects the pair's channels within the world communicator there)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,14 @@ LAT_ITERS = 8
 
 
 def latency(pair: Pair) -> dict:
-    small = pair.floats(2)
+    out, back = pair.floats(2), pair.floats(2)
 
     def ping() -> None:
         if pair.first:
-            pair.dist.send(small, pair.peer)
-            pair.dist.recv(small, pair.peer)
+            pair.send_then_recv(out, back)
         else:
-            pair.dist.recv(small, pair.peer)
-            pair.dist.send(small, pair.peer)
+            pair.recv(back)
+            pair.send(back)
         pair.sync()
 
     ping()  # warm-up

@@ -9,8 +9,13 @@ from typing import Any
 @dataclass(frozen=True)
 class Pair:
     """This rank's side of a pair. Both ranks run the same measurements in the same order;
-    `first`: this rank sends first (the lower rank). torch.distributed send/recv: gloo on CPU,
-    NCCL on GPUs (the default process group's backend), timed with the stream synchronized."""
+    `first`: this rank sends first (the lower rank). Gloo on CPU, NCCL on GPUs (the default
+    process group's backend), timed with the stream synchronized.
+
+    Every transfer is a batch (`batch_isend_irecv`), never a single send/recv: on NCCL a single
+    one makes the pair a two-rank communicator of its own (N/2 new ones a round), a batch runs
+    on the world communicator (created at init, `device_id=`). On gloo a batch is the same
+    isend/irecv pair, waited for."""
 
     dist: Any
     torch: Any
@@ -26,3 +31,21 @@ class Pair:
     def floats(self, n: int, value: float = 0.0):
         """A float32 tensor of `n` elements on this rank's device."""
         return self.torch.full((n,), value, dtype=self.torch.float32, device=self.device)
+
+    def send(self, tensor) -> None:
+        self._batch(sends=(tensor,))
+
+    def recv(self, tensor) -> None:
+        self._batch(recvs=(tensor,))
+
+    def send_then_recv(self, out, back) -> None:
+        """`out` to the peer and its answer into `back`, in one batch: the peer answers only
+        once it has `out` (its `recv` then its `send`), so the batch ends after both, in order."""
+        self._batch(sends=(out,), recvs=(back,))
+
+    def _batch(self, sends=(), recvs=()) -> None:
+        dist = self.dist
+        ops = [dist.P2POp(dist.isend, t, self.peer) for t in sends]
+        ops += [dist.P2POp(dist.irecv, t, self.peer) for t in recvs]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
