@@ -98,9 +98,9 @@ def slurm_available():
 @pytest.fixture(scope="module")
 def cluster(request, bed_env):
     """A bed shared by a module's tests (Slurm on it: `slurm`; Open MPI: `mpi`): 4 nodes, or
-    the module's `NODES`."""
+    the module's `BED_NODES`."""
     need()
-    with Cluster(getattr(request.module, "NODES", 4), env=bed_env) as bed:
+    with Cluster(getattr(request.module, "BED_NODES", 4), env=bed_env) as bed:
         yield bed
 
 

@@ -25,7 +25,7 @@ from lockstep.launch.hostlist import expand
 
 pytestmark = pytest.mark.cluster
 
-NODES = 8  # conftest's `cluster`: this module's bed
+BED_NODES = NODES = 8  # conftest's `cluster`: this module's bed
 TIMEOUT = 240  # 8 ranks importing torch on a small, busy runner; preflight's own --timeout below
 KEY = {"LOCKSTEP_JOB_KEY": "5f0c" * 16}  # what a launcher gives every rank: the verdict is a PASS
 
