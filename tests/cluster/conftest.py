@@ -35,6 +35,7 @@ def pytest_configure(config):
 LONGEST_FIRST = (
     "test_faults.py",
     "test_links.py",
+    "test_eight_nodes.py",
     "test_elastic_multinode.py",
     "test_train_multinode.py",
     "test_launchers.py",
@@ -75,6 +76,15 @@ def need(*tools: str) -> None:
     pytest.skip(reason)
 
 
+@pytest.fixture(scope="session")
+def bed_env():
+    """Every bed's own variables: no colour in the outputs the tests read, and this process's
+    PYTHONPATH where it has one, so the nodes import the lockstep this test imports (a
+    worktree's src ahead of the venv's editable install)."""
+    path = os.environ.get("PYTHONPATH")
+    return {"NO_COLOR": "1", **({"PYTHONPATH": path} if path else {})}
+
+
 @pytest.fixture
 def bed_available():
     need()
@@ -86,10 +96,11 @@ def slurm_available():
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    """A 4-node bed shared by a module's tests (Slurm on it: `slurm`; Open MPI: `mpi`)."""
+def cluster(request, bed_env):
+    """A bed shared by a module's tests (Slurm on it: `slurm`; Open MPI: `mpi`): 4 nodes, or
+    the module's `BED_NODES`."""
     need()
-    with Cluster(4, env={"NO_COLOR": "1"}) as bed:
+    with Cluster(getattr(request.module, "BED_NODES", 4), env=bed_env) as bed:
         yield bed
 
 
