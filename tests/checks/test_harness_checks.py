@@ -16,6 +16,7 @@ from lockstep.checks.accumulation import check_accumulation
 from lockstep.checks.clip import check_clip, check_clip_norm_types
 from lockstep.checks.determinism import check_determinism
 from lockstep.checks.equivalence import check_equivalence
+from lockstep.checks.harness import shared_runs
 from lockstep.checks.replicas import check_replicas
 from lockstep.checks.resume import check_resume
 from lockstep.checks.world_size import check_world_size
@@ -43,17 +44,24 @@ def config(engine: str, **engine_options) -> RunConfig:
 def test_every_check_on_engine(engine, tmp_path):
     """determinism, resume, accumulation, world size 2 against the unsharded reference,
     forced clipping (norm types 2 and inf on ddp/fsdp) against it, and replicas: one test per engine, as
-    each DeepSpeed test currently costs a fresh pool (see the report on `_forget`)."""
+    each DeepSpeed test currently costs a fresh pool (see the report on `_forget`). They share
+    their runs as in one launch of `lockstep check` (`shared_runs`): accumulation's micro-batch
+    run and world size's run are determinism's first, its second a run of its own."""
     cfg = config(engine)
-    for check in (
-        check_determinism,
-        check_resume,
-        check_accumulation,
-        check_world_size,
-        check_clip_norm_types,
-        check_replicas,
-    ):
-        assert_passed(check(cfg, tmp_path / check.__name__))
+    with shared_runs():
+        for check in (
+            check_determinism,
+            check_resume,
+            check_accumulation,
+            check_world_size,
+            check_clip_norm_types,
+            check_replicas,
+        ):
+            assert_passed(check(cfg, tmp_path / check.__name__))
+    trained = {p.relative_to(tmp_path).parts[:2] for p in tmp_path.rglob("metrics.jsonl")}
+    assert ("check_determinism", "determinism-2") in trained, trained
+    assert not {("check_accumulation", "accumulation-micro"),
+                ("check_world_size", "world-size-2")} & trained, trained  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from lockstep.checks.divergence_replay import investigated, trainer_side
 from lockstep.checks.harness import (
     exact_tolerance,
     first_param_difference,
+    trained,
     without_checkpoints,
     world_size,
 )
@@ -34,7 +35,12 @@ def check_determinism(cfg: RunConfig, workdir: Path) -> CheckResult:
     """The same config twice: identical per-step loss and grad norm, identical final state."""
     rtol, atol = exact_tolerance(cfg)
     cfg = without_checkpoints(cfg)
-    runs = [run_training(cfg, workdir / f"determinism-{i}", capture_state=True) for i in (1, 2)]
+    # the first may be another check's run of this config (`harness.shared_runs`); the second
+    # is always a run of its own
+    runs = [
+        trained(cfg, workdir / "determinism-1"),
+        run_training(cfg, workdir / "determinism-2", capture_state=True),
+    ]
     logged = {"run1": rows(runs[0].steps), "run2": rows(runs[1].steps)}
     bad = unsound("determinism", logged)
     if bad is not None:

@@ -16,6 +16,7 @@ unsharded reference change the summation order, so they use `numeric_tolerance` 
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ import torch.distributed as dist
 
 from lockstep.checks.state import first_tensor_difference, rows
 from lockstep.train.config import RunConfig, derive
-from lockstep.train.trainer import run_training
+from lockstep.train.trainer import TrainResult, run_training
 
 # every training of a check runs without wandb and without a progress bar
 QUIET = {"logging.wandb": "disabled", "logging.progress": False}
@@ -62,7 +63,40 @@ def first_param_difference(want, got, rtol, atol) -> str | None:
     return f"parameters differ: {diff}" if diff else None
 
 
+# Inside `shared_runs()`: the finished runs of this launch, by their config (`trained`).
+_shared: dict[str, TrainResult] | None = None
+
+
+@contextlib.contextmanager
+def shared_runs():
+    """While inside, a run without checkpoints of a config already trained here is not trained
+    again (`trained`): the checks of one launch (`harness_ranks.rank_calls`) share it, e.g.
+    determinism's first run, accumulation's micro-batch run and world size's run of the same
+    config. Only within one launch: a later one (or a test that patches the trainer) starts
+    afresh."""
+    global _shared
+    outer, _shared = _shared, {}
+    try:
+        yield
+    finally:
+        _shared = outer
+
+
+def trained(cfg: RunConfig, out: Path) -> TrainResult:
+    """One run of `cfg` without checkpoints, its final state captured; inside `shared_runs()`
+    the one this launch already made of the same config on the same ranks."""
+    cfg = without_checkpoints(cfg)
+    key = f"{world_size()}:{cfg.model_dump_json()}"
+    if _shared is not None and key in _shared:
+        return _shared[key]
+    result = run_training(cfg, out, capture_state=True)
+    if _shared is not None:
+        _shared[key] = result
+    return result
+
+
 def trajectory(cfg: RunConfig, out: Path) -> tuple[list[dict], dict[str, torch.Tensor]]:
-    """One run of `cfg` without checkpoints: its per-step rows and final parameters."""
-    result = run_training(without_checkpoints(cfg), out, capture_state=True)
+    """One run of `cfg` without checkpoints (`trained`): its per-step rows and final
+    parameters."""
+    result = trained(cfg, out)
     return rows(result.steps), result.params

@@ -62,13 +62,15 @@ def rank_calls(calls: list, config: dict, workdir: str, options: dict) -> list:
     """One rank of `lockstep check NAME CONFIG`: `fn(cfg, workdir, **options)` for each of
     `calls` (rank-side functions, `registry.Function`) in order, in one process group; the
     results they return (a function that only prepares, returning None, adds none)."""
+    from lockstep.checks.harness import shared_runs
     from lockstep.train.config import from_dict
 
     cfg = from_dict(config)
     out = Path(workdir)
 
     def body():
-        found = (fn(cfg, out, **options) for fn in calls)
+        with shared_runs():  # the checks of this launch train a config once
+            found = [fn(cfg, out, **options) for fn in calls]
         return [result for result in found if result is not None]
 
     return in_group(cfg.resolved_device(), body)
