@@ -47,7 +47,8 @@ def variant(tmp_path: Path, bug: str) -> Path:
 
 def test_example_passes_every_check(tmp_path):
     # --run-path: 11 rank processes forked, not started as new interpreters; the new-
-    # interpreter launch is what the placeholder, crash, timeout and abort tests use
+    # interpreter launch is what the crash, timeout, first-failing-rank and abort-at-exit tests
+    # (a complete run passing, tests/checks/test_script_protocol.py) use
     proc, results = check("all", "--script", str(EXAMPLE), "--run-path", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [r["check"] for r in results] == ["determinism", "resume", "world-size", "replicas"]
@@ -95,8 +96,11 @@ def test_placeholders_reach_a_script_that_takes_flags(tmp_path):
         "os.environ['LOCKSTEP_METRICS'] = sys.argv[sys.argv.index('--metrics') + 1]\n"
         f"runpy.run_path({str(EXAMPLE)!r}, run_name='__main__')\n"
     )
+    # filled into the command line alike for forked ranks and new interpreters
+    # (`launch.script.script_argv`)
     cmd = f"{wrapper} --max-steps {{max_steps}} --metrics {{metrics}}"
-    proc, results = check("determinism", "--script", cmd, "--nproc", "1", cwd=tmp_path)
+    proc, results = check("determinism", "--script", cmd, "--nproc", "1", "--run-path",
+                          cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert results[0]["passed"]
 

@@ -5,8 +5,9 @@ an error mid-run), the replicas check and its planted bugs, and the deepspeed la
 
 Resume and determinism cases run on one rank (cheaper: the protocol does not depend on the
 world size); replicas need two. Those run with --run-path (ranks forked from a process that
-imported torch); the abort cases need a script that ends through Python's finalization, in
-its own interpreter, and the deepspeed launcher starts its own.
+imported torch), the abort in the middle of a run too; the abort at exit needs a script that
+ends through Python's finalization, in its own interpreter, and the deepspeed launcher starts
+its own.
 """
 
 from __future__ import annotations
@@ -178,7 +179,8 @@ def test_abort_at_exit_after_a_complete_run_is_a_warning(tmp_path):
 
 def test_abort_mid_run_stays_an_error(tmp_path):
     script = variant(tmp_path, "abort-mid-run")
-    proc, _ = check("determinism", "--script", script, "--nproc", "1", cwd=tmp_path, rerun=False)
+    proc, _ = check("determinism", "--script", script, "--nproc", "1", "--run-path", cwd=tmp_path,
+                    rerun=False)  # fmt: skip
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr and len(error_lines(proc.stderr)) == 1
     assert "lockstep: determinism-1: step 2/4" in proc.stderr  # how far it went, as it went

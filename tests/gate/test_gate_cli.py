@@ -18,7 +18,7 @@ from lockstep.cli import main
 SCRIPT = Path(__file__).with_name("gate_script.py")
 COMMAND = f"{shlex.quote(sys.executable)} {shlex.quote(str(SCRIPT))}"
 # 6 steps on 2 gloo ranks forked from a process that imported torch (--run-path); the abort
-# and A/B tests launch new interpreters (COMMAND)
+# at exit and the A/B tests launch new interpreters (COMMAND)
 JOB = ["--script", str(SCRIPT), "--run-path", "--nproc", 2, "--steps", 6]
 
 
@@ -190,8 +190,10 @@ def test_the_gloo_abort_at_exit_is_a_note_and_an_abort_mid_run_fails(tmp_path, c
     assert "died of SIGABRT at interpreter exit" in err and "all 3 steps" in err
     assert list((tmp_path / "exit" / "abort").glob("*.json"))
 
+    # in the middle of the run the abort is the same in a forked rank (--run-path)
     monkeypatch.setenv("GATE_PLANT", "abort-mid")
-    assert gate("record", "abort", *job, "--dir", tmp_path / "mid") == 1
+    mid = ["--script", str(SCRIPT), "--run-path", *job[2:]]
+    assert gate("record", "abort", *mid, "--dir", tmp_path / "mid") == 1
     assert "the job exited" in capsys.readouterr().err
     assert not (tmp_path / "mid" / "abort").exists() or not any(
         (tmp_path / "mid" / "abort").iterdir()
