@@ -45,6 +45,9 @@ class EngineSpec:
     norm_note: str = ""  # why it clips by no other norm type (in the error that says so)
     zero_stage: int | None = None  # DeepSpeed's ZeRO stage (its generated ds_config)
     requires: tuple[str, ...] = ()  # optional modules it imports (`lockstep.extras.EXTRA_OF`)
+    # modules its framework imports only when it builds the engine, for a launcher to import
+    # once ahead of its ranks too (`engine_modules`; one missing is skipped there)
+    preload: tuple[str, ...] = ()
 
     @property
     def module(self) -> str:
@@ -63,6 +66,9 @@ _DEEPSPEED = dict(
     norm_types=(2.0,),
     norm_note="DeepSpeed clips by the L2 norm",
     requires=("deepspeed",),
+    # deepspeed.initialize's ZeRO optimizer check imports its Muon optimizer, whose
+    # torch.compile loads torch._inductor: about 3 CPU-s in every rank of every launch
+    preload=("deepspeed.runtime.zero.muon.muon_optimizer",),
 )
 
 ENGINES: dict[str, EngineSpec] = {
@@ -164,7 +170,7 @@ def engine_modules(name: str) -> list[str]:
     """The modules engine `name` imports (its framework included), for a launcher to import
     once ahead of its ranks."""
     spec = ENGINES[name]
-    return [spec.module, *spec.requires]
+    return [spec.module, *spec.requires, *spec.preload]
 
 
 def build_engine(name: str, model, cfg, ctx):
