@@ -185,6 +185,30 @@ def test_run_path_keeps_the_output_and_the_code_of_os_exit(tmp_path):
     assert proc.returncode == 2 and "--run-path is torchrun's" in proc.stderr
 
 
+def test_run_path_runs_the_atexit_handlers_of_a_script_that_ends_normally(tmp_path):
+    """A forked rank ends with os._exit (never through finalization, which tore down the heap
+    it forked from), after the atexit handlers a script that returns registered, as its own
+    interpreter would run them; after the script's os._exit, none."""
+    script = tmp_path / "ends.py"
+    script.write_text(
+        "import atexit, os\nfrom lockstep import track\n"
+        f"atexit.register(lambda: open({str(tmp_path / 'ran')!r}, 'a').write('atexit\\n'))\n"
+        "for step in range(1, track.protocol().max_steps + 1):\n"
+        "    track.log(step, loss=1.0 / step, grad_norm=0.5 / step)\n"
+        "if os.environ.get('LEAVE'):\n    os._exit(0)\n"
+    )
+    proc, _ = check("determinism", "--script", str(script), "--nproc", "1", "--run-path",
+                    cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "ran").read_text() == "atexit\n" * 2  # both runs
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LEAVE", "1")
+        proc, _ = check("determinism", "--script", str(script), "--nproc", "1", "--run-path",
+                        cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "ran").read_text() == "atexit\n" * 2  # none more
+
+
 def test_script_without_metrics_is_bad_input(tmp_path):
     script = tmp_path / "silent.py"
     script.write_text("print('training...')\n")
