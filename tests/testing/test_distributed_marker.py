@@ -185,13 +185,17 @@ def test_failures_name_every_failing_rank(inner):
     assert processes_tagged(tag) == []
 
 
+# torch.distributed imported in the ranks only: this session's pytest process imports no torch
+# (the session above imports it at the top, as most test files do).
 HANG = """
 import os, pathlib, subprocess, time
-import pytest, torch.distributed as dist
+import pytest
 
 
 @pytest.mark.distributed(world_size=2)
 def test_hang(rank):
+    import torch.distributed as dist
+
     if rank == 1:
         child = subprocess.Popen(["sleep", "300"])
         (pathlib.Path(os.environ["PROBE_DIR"]) / "child").write_text(str(child.pid))
@@ -202,6 +206,8 @@ def test_hang(rank):
 
 @pytest.mark.distributed(world_size=2, timeout=60)
 def test_after_hang(rank):
+    import torch.distributed as dist
+
     time.sleep(2.5)  # longer than the ini timeout: the marker's wins
     dist.barrier()
 """
