@@ -3,7 +3,7 @@
 Each inner run is a subprocess whose ranks inherit a unique LOCKSTEP_TEST_TAG, so a test can
 tell that no process of that run outlived it. Timeouts are short to keep the suite fast. The
 passing, failing and two-worker files run in one inner session on two xdist workers (`inner`),
-which three tests read: one pytest and two forkservers instead of four and four.
+which three tests read: two pytest processes import torch and start a forkserver, not four.
 """
 
 import os
