@@ -66,6 +66,14 @@ WAITING = (
     "tests/docker/test_docker_tier_py.py::test_wait_http_waits_for_a_server_and_gives_up_on_none",
 )
 
+# Tests that read one launch of their module's (a module-scoped fixture): the ones of a module
+# one unit of work, so that the launch runs once, on one worker.
+SHARED = (
+    "tests/testing/test_distributed_marker.py::test_passing_tests_share_a_warm_pool",
+    "tests/testing/test_distributed_marker.py::test_failures_name_every_failing_rank",
+    "tests/testing/test_distributed_marker.py::test_two_xdist_workers",
+)
+
 
 class WaitingApart:
     """Registered only where pytest-xdist is (its hook is unknown to pytest otherwise)."""
@@ -73,16 +81,19 @@ class WaitingApart:
     @staticmethod
     def pytest_xdist_make_scheduler(config, log):
         """Under `--dist load` (xdist's default for -n): WAITING as one unit of work, handed
-        out first (xdist orders units by size), every other test a unit of its own in
-        collection order. (xdist_group would say the same, but `--dist loadgroup` cannot rename
-        node ids under pytest 9.2: its groups never form.) Other --dist modes keep xdist's."""
+        out first (xdist orders units by size), SHARED's tests of a module one unit, every
+        other test a unit of its own in collection order. (xdist_group would say the same,
+        but `--dist loadgroup` cannot rename node ids under pytest 9.2: its groups never
+        form.) Other --dist modes keep xdist's."""
         if config.getvalue("dist") != "load":
             return None
         from xdist.scheduler import LoadScopeScheduling
 
         class Scheduling(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
-                return "waiting" if nodeid.startswith(WAITING) else nodeid
+                if nodeid.startswith(WAITING):
+                    return "waiting"
+                return nodeid.split("::")[0] if nodeid.startswith(SHARED) else nodeid
 
         return Scheduling(config, log)
 

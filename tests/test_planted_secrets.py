@@ -376,6 +376,7 @@ def test_no_planted_secret_reaches_any_output(tmp_path):
                 "2",
                 "--repeats",
                 "2",
+                "--run-path",  # forked ranks: the gate's own outputs, a torch import less each
                 "--dir",
                 str(out / "gates"),
                 "--set",

@@ -182,9 +182,10 @@ def test_helpers_a_rank_starts_leave_the_dump_of_a_hang_alone(tmp_path):
 
 @pytest.mark.parametrize(("nproc", "odd"), [(2, 1), (4, 0)])
 def test_a_rank_that_skips_a_collective_is_named(tmp_path, nproc, odd):
-    """New interpreters blocked in gloo: rank ODD skipped all_reduce #5 and waits in the
-    all_gather after it; on 4 ranks the culprit is rank 0 (torch's analyzer blames others)."""
-    report = _hung("skip", odd, nproc, tmp_path, run_path=False, timeout=6.0)
+    """Forked ranks blocked in gloo (new interpreters: the tests above): rank ODD skipped
+    all_reduce #5 and waits in the all_gather after it; on 4 ranks the culprit is rank 0
+    (torch's analyzer blames others)."""
+    report = _hung("skip", odd, nproc, tmp_path, run_path=True, timeout=6.0)
     (f,) = report.findings
     others = {2: "rank 0 waits", 4: "ranks 1-3 wait"}[nproc]
     assert f.odd == [odd] and f.kind == "skipped" and f.seq == 5, report.text()

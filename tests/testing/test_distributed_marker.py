@@ -1,9 +1,12 @@
 """The lockstep pytest plugin, driven through real inner pytest processes (pytester).
 
 Each inner run is a subprocess whose ranks inherit a unique LOCKSTEP_TEST_TAG, so a test can
-tell that no process of that run outlived it. Timeouts are short to keep the suite fast.
+tell that no process of that run outlived it. Timeouts are short to keep the suite fast. The
+passing, failing and two-worker files run in one inner session on two xdist workers (`inner`),
+which three tests read: two pytest processes import torch and start a forkserver, not four.
 """
 
+import os
 import re
 import shutil
 import signal
@@ -12,6 +15,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import psutil
@@ -115,20 +119,18 @@ def test_rank_without_marker(rank):
 """
 
 
-def test_passing_tests_share_a_warm_pool(pytester, tagged):
-    pytester.makepyfile(test_passing=PASSING)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", timeout=300)
-    out = result.stdout.str()
+def test_passing_tests_share_a_warm_pool(inner):
+    out, tag = inner
     if torch.cuda.device_count() >= 2:
-        result.assert_outcomes(passed=7, skipped=1, errors=2)
+        assert outcomes(out, "test_passing.py") == {"passed": 7, "skipped": 1, "error": 2}, out
     else:
-        result.assert_outcomes(passed=6, skipped=2, errors=2)
+        assert outcomes(out, "test_passing.py") == {"passed": 6, "skipped": 2, "error": 2}, out
         assert "needs 2 GPUs (gpus=True), found" in out
     assert "rank 0 output" in out and "hello from rank 0" in out
     assert re.search(r"SKIPPED \[1\] test_passing.py:\d+: skipped on every rank", out)
     assert "world_size must be a positive int, got 0" in section(out, "test_bad_marker")
     assert "fixture 'rank' needs @pytest.mark.distributed" in out
-    assert processes_tagged(tagged) == []
+    assert processes_tagged(tag) == []
 
 
 FAILING = """
@@ -140,13 +142,13 @@ PROBE = pathlib.Path(os.environ["PROBE_DIR"])
 
 @pytest.mark.distributed(world_size=2)
 def test_fail_one(rank):
-    (PROBE / f"pid{rank}").write_text(str(os.getpid()))
+    (PROBE / f"failing-pid{rank}").write_text(str(os.getpid()))
     assert rank == 0, "rank one disagrees"
 
 
 @pytest.mark.distributed(world_size=2)
 def test_rebuilt_after_failure(rank):
-    assert int((PROBE / f"pid{rank}").read_text()) != os.getpid()  # a fresh rank process
+    assert int((PROBE / f"failing-pid{rank}").read_text()) != os.getpid()  # a fresh rank
     dist.barrier()
 
 
@@ -163,11 +165,9 @@ def test_crash(rank):
 """
 
 
-def test_failures_name_every_failing_rank(pytester, tagged):
-    pytester.makepyfile(test_failing=FAILING)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", timeout=300)
-    result.assert_outcomes(passed=1, failed=3)
-    out = result.stdout.str()
+def test_failures_name_every_failing_rank(inner):
+    out, tag = inner
+    assert outcomes(out, "test_failing.py") == {"passed": 1, "failed": 3}, out
 
     one = section(out, "test_fail_one")
     assert "1 of 2 ranks failed: rank 1 failed" in one
@@ -182,16 +182,20 @@ def test_failures_name_every_failing_rank(pytester, tagged):
     assert "rank 0 died" in crash and "killed by signal SIGSEGV" in crash
     assert "Fatal Python error: Segmentation fault" in crash  # faulthandler's crash stack
     assert "rank 1 died" in crash and "exited with code 7" in crash
-    assert processes_tagged(tagged) == []
+    assert processes_tagged(tag) == []
 
 
+# torch.distributed imported in the ranks only: this session's pytest process imports no torch
+# (the session above imports it at the top, as most test files do).
 HANG = """
 import os, pathlib, subprocess, time
-import pytest, torch.distributed as dist
+import pytest
 
 
 @pytest.mark.distributed(world_size=2)
 def test_hang(rank):
+    import torch.distributed as dist
+
     if rank == 1:
         child = subprocess.Popen(["sleep", "300"])
         (pathlib.Path(os.environ["PROBE_DIR"]) / "child").write_text(str(child.pid))
@@ -202,6 +206,8 @@ def test_hang(rank):
 
 @pytest.mark.distributed(world_size=2, timeout=60)
 def test_after_hang(rank):
+    import torch.distributed as dist
+
     time.sleep(2.5)  # longer than the ini timeout: the marker's wins
     dist.barrier()
 """
@@ -240,15 +246,60 @@ def test_sum(rank, i):
 """
 
 
-def test_two_xdist_workers(pytester, tagged):
-    pytester.makepyfile(test_xdist=XDIST)
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-n", "2", "--dist", "load", "-v", timeout=300
-    )
-    result.assert_outcomes(passed=4)
-    out = result.stdout.str()
-    assert "[gw0]" in out and "[gw1]" in out
-    assert processes_tagged(tagged) == []
+# The inner session's scheduling: two units of work, one a worker, so that each worker runs
+# test_xdist.py's tests (two each, after the file they join): test_passing.py's tests share
+# a warm pool and test_failing.py's check it was rebuilt, each file on one worker.
+SCHEDULING = """
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            if nodeid.startswith("test_xdist.py::test_sum["):
+                return ("test_passing.py", "test_failing.py")[int(nodeid[-2]) % 2]
+            return nodeid.split("::")[0]
+
+    return Scheduling(config, log)
+"""
+
+
+@pytest.fixture(scope="module")
+def inner(tmp_path_factory):
+    """One inner session, on two xdist workers, of PASSING, FAILING and XDIST: its output
+    (-v, -rA) and its processes' tag, once every process of it has ended."""
+    root = tmp_path_factory.mktemp("inner")
+    files = {"test_passing": PASSING, "test_failing": FAILING, "test_xdist": XDIST}
+    for name, text in {**files, "conftest": SCHEDULING}.items():
+        (root / f"{name}.py").write_text(text)
+    (root / "probe").mkdir()
+    tag = uuid.uuid4().hex
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    path = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    env.update(LOCKSTEP_TEST_TAG=tag, PROBE_DIR=str(root / "probe"), PYTHONPATH=path,
+               PY_COLORS="0")  # fmt: skip
+    args = ["-p", "no:cacheprovider", "-n", "2", "-v", "-rA", f"--basetemp={root / 'tmp'}"]
+    done = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    return done.stdout, tag
+
+
+def outcomes(out: str, module: str) -> Counter:
+    """The outcomes of `module`'s tests in the short summary of an -rA session."""
+    counts: Counter = Counter()
+    for line in out.splitlines():
+        if match := re.match(rf"(PASSED|FAILED|ERROR) {re.escape(module)}::", line):
+            counts[match.group(1).lower()] += 1
+        elif match := re.match(rf"SKIPPED \[(\d+)\] {re.escape(module)}:", line):
+            counts["skipped"] += int(match.group(1))
+    return counts
+
+
+def test_two_xdist_workers(inner):
+    out, tag = inner
+    assert outcomes(out, "test_xdist.py") == {"passed": 4}, out
+    workers = set(re.findall(r"\[(gw\d)\] \[ *\d+%\] PASSED test_xdist.py::", out))
+    assert workers == {"gw0", "gw1"}, out
+    assert processes_tagged(tag) == []
 
 
 KILLED = """
