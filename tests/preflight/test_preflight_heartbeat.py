@@ -14,7 +14,7 @@ import torch.distributed as dist
 from lockstep.errors import RankTimeout
 from lockstep.preflight import heartbeat, silence
 from lockstep.preflight.store import Signer, Store
-from support.preflight_ranks import by_hand, finish
+from support.preflight_ranks import LAUNCH_TIMEOUT_S, by_hand, finish, stores_of
 
 KEY = b"heartbeat-test-job-key-32-bytes!"
 
@@ -109,14 +109,27 @@ def test_a_watch_waits_on_beats_and_names_a_stalled_rank_0(server):
 def test_the_others_fail_on_a_stalled_rank_0_and_wait_for_a_slow_one(tmp_path):
     """Two jobs of 2 ranks at once: rank 0 of one stops its heartbeat and stalls before its
     verdict, the other's is slower than --timeout but beats. On main's code the first's rank 1
-    waited --timeout for the verdict and named no host; the second's gave up on a busy rank 0."""
+    waited --timeout for the verdict and named no host; the second's gave up on a busy rank 0.
+    While the slow one's rank 0 waits, its two stores are read: the process group's keys (gloo's,
+    one a rank) are in the store rank 0 serves for it alone, not in lockstep's (on main they
+    shared lockstep's store)."""
     timeout = 10
     stall_s = heartbeat.intervals(timeout)[1]
     args = ["--timeout", str(timeout), "--no-links"]
     fault = heartbeat.FAULT_ENV
     _, stalled = by_hand(2, [0, 1], tmp_path, args, per_rank_env={0: {fault: "stall:120"}})
-    _, slow = by_hand(2, [0, 1], tmp_path, args, per_rank_env={0: {fault: f"slow:{timeout + 1}"}})
+    port, slow = by_hand(
+        2, [0, 1], tmp_path, args, per_rank_env={0: {fault: f"slow:{timeout + 1}"}}
+    )
     try:
+        protocol, group = stores_of(port, LAUNCH_TIMEOUT_S)
+        pg_keys = [f"pg/0//cpu//0/{r}" for r in (0, 1)]  # gloo's rendezvous, under torch 2.x
+        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+        while not group.check(pg_keys) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert group.check(pg_keys), "the process group never met in its own store"
+        assert not any(protocol.check([k]) for k in pg_keys), "the process group used lockstep's"
+        assert protocol.check(["lockstep/preflight/./checkin/answer"])
         rank1 = finish({1: stalled[1]})[1]
         gave_up = time.time()
         stalled[0].kill()

@@ -27,6 +27,8 @@ from lockstep.preflight import (
     collectives,
     heartbeat,
     job_key,
+    pg_store,
+    rendezvous,
     report,
     report_json,
     silence,
@@ -38,7 +40,7 @@ from lockstep.preflight.links import stage as link_stage
 from lockstep.preflight.links.layout import layout
 from lockstep.preflight.local import gpu, registry
 from lockstep.preflight.options import Options
-from lockstep.preflight.store import CheckIn, Refused, Signer, Store, connect
+from lockstep.preflight.store import CheckIn, Refused, Signer, Store
 
 CHECKIN_ANSWER, VERDICT = "checkin/answer", "verdict/answer"  # what rank 0's heartbeat says
 VERDICT_LIMIT = 30  # x --timeout: how long the others wait for a rank 0 whose heartbeat goes on
@@ -55,6 +57,8 @@ class _Job:
     options: Options
     beat: heartbeat.Heartbeat | None  # rank 0's
     watch: heartbeat.Watch  # the others' wait for rank 0's answers
+    pg_server: object = None  # rank 0's: the process group's own store (`pg_store`)
+    pg_where: dict | None = None  # its host and port, for the check-in's answer
 
     @property
     def backend(self) -> str:
@@ -92,17 +96,22 @@ def run_rank(info: RankInfo, options: Options) -> int:
     # Before meeting peers, so a bad lock or image manifest ends every rank with exit 2 at once.
     fp = fingerprint.collect(lock=Path(options.lock) if options.lock else None)
 
-    store = _connect(info, options.timeout, signer)
+    store = rendezvous.connect_protocol(info, options.timeout, signer)
+    pg_server, pg_where = (
+        rendezvous.serve_group(info, options.timeout) if info.rank == 0 else (None, None)
+    )
     beat_s, stall_s = heartbeat.intervals(options.timeout)
     beat = heartbeat.Heartbeat(store, beat_s).start() if info.rank == 0 else None
     watch = heartbeat.Watch(store, stall_s, f"rank 0 (at MASTER_ADDR={info.master_addr})")
-    job = _Job(info, store, CheckIn(store, "checkin"), device, options, beat, watch)
+    checkin = CheckIn(store, "checkin")
+    job = _Job(info, store, checkin, device, options, beat, watch, pg_server, pg_where)
     try:
-        os.environ["LOCKSTEP_REDACT_SALT"] = _check_in(job, identity)
+        answer = _check_in(job, identity)
+        os.environ["LOCKSTEP_REDACT_SALT"] = answer["salt"]
         fingerprint.resalt(fp)  # one salt for the job: equal secrets hash equal on every rank
         dist.init_process_group(
             job.backend,
-            store=dist.PrefixStore("pg", store.raw),
+            store=rendezvous.group_store(pg_server, answer["pg"], options.timeout),
             rank=info.rank,
             world_size=info.world_size,
             timeout=timedelta(seconds=options.timeout),
@@ -286,51 +295,23 @@ def _all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     return out
 
 
-def _connect(info: RankInfo, timeout_s: float, signer: Signer) -> Store:
-    """The c10d TCPStore: rank 0 serves it unless torchrun's agent already does; this job's
-    prefix of it, signed under the run's nonce (rank 0 makes it)."""
-    serve = info.rank == 0 and not info.agent_store
-    where = f"{info.master_addr}:{info.master_port}"
-    store = connect(
-        info.master_addr,
-        info.master_port,
-        serve=serve,
-        timeout_s=timeout_s,
-        reach_s=timeout_s,
-        multi_tenant=serve,
-        messages={
-            "unreachable": f"rank 0 missing: nothing answered at MASTER_ADDR:MASTER_PORT={where} "
-            f"within {timeout_s:g}s (rank 0 not started, wrong address, or a firewall)",
-            "cannot_serve": f"rank 0 cannot serve the store on {where}",
-            "name": "the store",
-        },
-    )
-    store = store.prefixed(f"lockstep/preflight/{_run_id()}")
-    store = store.signed(signer, f"rank {info.rank} on {socket.gethostname()}")
-    run = store.begin_run(make=info.rank == 0, within_s=timeout_s)
-    if run is None:
-        raise RankTimeout(f"rank 0 posted no run nonce within {timeout_s:g}s; it stalled or died")
-    return run
-
-
-def _run_id() -> str:
-    env = os.environ
-    if "TORCHELASTIC_RUN_ID" in env:
-        return f"{env['TORCHELASTIC_RUN_ID']}.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    return f"{env.get('SLURM_JOB_ID', '')}.{env.get('SLURM_STEP_ID', '')}"
-
-
-def _check_in(job: _Job, identity: dict) -> str:
+def _check_in(job: _Job, identity: dict) -> dict:
     """Every rank posts its identity; rank 0 waits `--timeout` for all, then answers all.
     A local check that would break the process group on some node (its hostname does not
     resolve, GLOO/NCCL_SOCKET_IFNAME names an absent interface) ends every rank here with the
     nodes and ranks named (`verdict.blocking`), before any collective could hang on it. The
-    answer carries the job's redaction salt."""
+    answer carries the job's redaction salt and where the process group's store is."""
     info, timeout_s, checkin = job.info, job.timeout_s, job.checkin
     checkin.post(info.rank, identity, who=socket.gethostname())
     if info.rank == 0:
         answer = answer_checkin(
-            checkin, info.world_size, timeout_s, info.launcher, job.backend, job.options.json
+            checkin,
+            info.world_size,
+            timeout_s,
+            info.launcher,
+            job.backend,
+            job.options.json,
+            pg=job.pg_where,
         )
         missing = answer["missing"]
         _posted(job, CHECKIN_ANSWER)
@@ -351,17 +332,24 @@ def _check_in(job: _Job, identity: dict) -> str:
             f"{ranges(answer['missing'])} of {info.world_size} never checked in within "
             f"{timeout_s:g}s (not started, crashed, or launched with another MASTER_ADDR/PORT)"
         )
-    return answer["salt"]
+    return answer
 
 
 def answer_checkin(
-    checkin: CheckIn, world: int, timeout_s: float, launcher: str, backend: str, json_path
+    checkin: CheckIn,
+    world: int,
+    timeout_s: float,
+    launcher: str,
+    backend: str,
+    json_path,
+    pg: dict | None = None,
 ) -> dict:
     """Rank 0's half of the check-in: gather every identity (`checkin` keeps them: the
-    verdict reads them from there, not from the store again), decide, post the answer."""
+    verdict reads them from there, not from the store again), decide, post the answer (with
+    `pg`, where the process group's store is: `pg_store`)."""
     posted = checkin.gather(world, time.monotonic() + timeout_s, _is_identity)
     missing = [r for r in range(world) if r not in posted]
-    answer = {"missing": missing, "salt": secrets.token_hex(8), "blocked": None}
+    answer = {"missing": missing, "salt": secrets.token_hex(8), "blocked": None, "pg": pg}
     if checkin.refused:  # forged or malformed check-ins: named, never believed
         answer["blocked"] = "preflight: " + " | ".join(r.detail for r in checkin.refused.values())
     elif not missing:
@@ -433,4 +421,13 @@ def _is_checkin_answer(value: object) -> bool:
         and isinstance(value.get("missing"), list)
         and isinstance(value.get("salt"), str)
         and isinstance(value.get("blocked"), str | None)
+        and _is_pg_where(value.get("pg"))
+    )
+
+
+def _is_pg_where(value: object) -> bool:
+    return (
+        isinstance(value, dict)
+        and isinstance(value.get("host"), str)
+        and pg_store.is_port(value.get("port"))
     )
