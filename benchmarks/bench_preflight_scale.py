@@ -7,7 +7,7 @@ Real: the TCPStore (libuv, served by rank 0's process, as preflight serves it), 
 (`--procs` x `--threads` TCPStore connections, connected one after another before any timing),
 every value signed with one job key under the run's nonce by `preflight.store.Store` (the
 synthetic ranks post through `CheckIn.post`, the ranks' own code), and rank 0's code paths:
-`rank.answer_checkin` (check-in gather and answer), `collectives.open_bytes`/`open_ints` and
+`checkin.answer_nodes` (check-in gather and answer), `collectives.open_bytes`/`open_ints` and
 `compare.group_ranks` (the gathered digests and rows), `layout.layout` (the CPU part every rank
 runs), `links.stage.post_second_plan` (first-pass records read, the rest of the schedule
 posted), `links.stage.collect` (every rank's link records, `section.assess`),
@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from lockstep.env import compare, fingerprint
-from lockstep.preflight import collectives, heartbeat, rank, report, silence, verdict
+from lockstep.preflight import checkin, collectives, heartbeat, rank, report, silence, verdict
 from lockstep.preflight.links import schedule
 from lockstep.preflight.links import stage as link_stage
 from lockstep.preflight.links.layout import layout
@@ -182,9 +182,13 @@ def _writer(conn, lanes: list[int], lane_count: int, n: int, per: int, stagger_s
         def post(lane: int, store: Store, wave=wave, maps=maps) -> None:
             for r in range(lane or lane_count, n, lane_count):
                 store.by = f"rank {r} on {host_of(r, per)}"
-                if wave[0] == "checkin":
-                    value = identity(r, n, per, checks)
-                elif wave[0] == "links/pass1":
+                if wave[0] == "checkin":  # each rank its own node: the flat protocol's traffic
+                    mine = identity(r, n, per, checks)
+                    checkin.post_node(
+                        store, checkin.node_record(mine["host"], r, [mine], 1, [], [])
+                    )
+                    continue
+                if wave[0] == "links/pass1":
                     value = records(r, per, maps[0], 0)
                 else:
                     done = records(r, per, maps[0], 0) + records(r, per, maps[1], len(maps[0]))
@@ -289,8 +293,8 @@ def run_size(n: int, per: int = 8, procs: int = 4, threads: int = 8, cap_s: floa
         start = time.perf_counter()
         writers.connect(server.port, store.signer.nonce, checks)
         setup["connect"] = time.perf_counter() - start
-        checkin = CheckIn(store, "checkin")
-        checkin.post(0, identity(0, n, per, checks))
+        mine = identity(0, n, per, checks)
+        board = checkin.post_node(store, checkin.node_record(mine["host"], 0, [mine], 1, [], []))
         setup["checkin"] = writers.wave("checkin")
         fp = fingerprint.collect()
         ignored = compare.Ignored()
@@ -300,7 +304,7 @@ def run_size(n: int, per: int = 8, procs: int = 4, threads: int = 8, cap_s: floa
         rows = [collectives.seal_ints(store.signer, "rows", r, row) for r in range(n)]
         hosts = [[*host_of(r, per).encode().ljust(64, b"\0"), r % per + 1] for r in range(n)]
         with timer.phase("check-in: gather, answer"):
-            answer = rank.answer_checkin(checkin, n, 60.0, "srun", "nccl", None)
+            answer, seen = checkin.answer_nodes(board, n, 60.0, "srun", "nccl", None)
         assert not answer["missing"] and not answer["blocked"], answer
         with timer.phase("digests, rows: open, group"):
             digests = [collectives.open_bytes(store.signer, "digests", r, s) for r, s in
@@ -323,7 +327,7 @@ def run_size(n: int, per: int = 8, procs: int = 4, threads: int = 8, cap_s: floa
         CheckIn(store, "links/end").post(0, {"status": {"state": "done"}, "records": done})
         setup["links/end"] = writers.wave("links/end", first_rounds, rest)
         with timer.phase("links: records read, assess"):
-            identities = [checkin.read(r) for r in range(n)]
+            identities = [seen[r] for r in range(n)]
             section = link_stage.collect(store, lay, world=n, identities=identities,
                                          timeout_s=60.0, started=time.monotonic(),
                                          min_link_gbps=None, judge_intra=True,

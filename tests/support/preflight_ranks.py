@@ -68,6 +68,20 @@ def by_hand(
     return port, procs
 
 
+def on_nodes(per_node: int, run_id: str, ranks) -> dict[int, dict[str, str]]:
+    """Per-rank variables that put `ranks` on nodes of `per_node` as torchrun's agents would
+    (node rank, local rank and size, its run id), without the agents: rank 0 serves the store."""
+    return {
+        r: {
+            "TORCHELASTIC_RUN_ID": run_id,
+            "GROUP_RANK": str(r // per_node),
+            "LOCAL_RANK": str(r % per_node),
+            "LOCAL_WORLD_SIZE": str(per_node),
+        }
+        for r in ranks
+    }
+
+
 def wait_served(port: int, within_s: float) -> float:
     """When rank 0's store starts listening: the moment its check-in clock starts."""
     deadline = time.monotonic() + within_s

@@ -63,3 +63,36 @@ def run_id() -> str:
     if "TORCHELASTIC_RUN_ID" in env:
         return f"{env['TORCHELASTIC_RUN_ID']}.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     return f"{env.get('SLURM_JOB_ID', '')}.{env.get('SLURM_STEP_ID', '')}"
+
+
+def node_role(info: RankInfo, signer: Signer):
+    """This rank's part on its node (`node_channel`): the leader (local rank 0, and rank 0
+    always), a rank behind it, or None where the launcher gives no local rank and local
+    world size (then every rank stands alone, as before issue 38)."""
+    from lockstep.preflight import node_channel
+
+    local, size = info.local_rank, info.local_world_size
+    if local is None or not size or size < 2 or (info.rank == 0 and local != 0):
+        return None
+    host = socket.gethostname()
+    node = str(info.node_rank) if info.node_rank is not None else host
+    name = node_channel.name_of(
+        os.getuid(), run_id(), f"{info.master_addr}:{info.master_port}", node
+    )
+    by = f"rank {info.rank} on {host}"
+    if local == 0:
+        return node_channel.Leader(name, signer, by, size - 1)
+    return node_channel.Member(name, signer, by, f"its node's leader (local rank 0 on {host})")
+
+
+class OnDemand:
+    """A rank behind its leader needs lockstep's store only for what is not relayed (the
+    link stage, a group's fingerprint, the failure diagnosis): connected on first use."""
+
+    def __init__(self, make):
+        self._make, self._store = make, None
+
+    def __getattr__(self, name: str):
+        if self._store is None:
+            self._store = self._make()
+        return getattr(self._store, name)
