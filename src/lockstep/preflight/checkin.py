@@ -3,7 +3,7 @@
 Each node's leader (local rank 0) gathers its ranks' identities over the node's own channel
 (`node_channel`) and posts ONE record for the node in lockstep's store: its identities, the
 local ranks that never reached it, and what it refused there. Only leaders touch the check-in's
-keys: a node claims a slot (`checkin/slots`, a counter), posts its record under the slot
+store keys. A node claims a slot (`checkin/slots`, a counter), posts its record under the slot
 (`store.CheckIn`: signed, with a fresh challenge) and adds its ranks to `checkin/ranks`. Rank 0
 waits until that count reaches the world size or `--timeout` passes, reads every slot's record
 in batches, and answers once; the answer echoes each node's challenge (a replayed answer is
