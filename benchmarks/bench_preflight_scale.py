@@ -2,12 +2,14 @@
 
     python benchmarks/bench_preflight_scale.py [--sizes 1024 4096 16384 65536] [--cap-s 120]
         [--per-node 8] [--procs 4] [--threads 8] [--collective-s 0.05] [--link-round-s 0.2]
+        [--modes flat hier]
 
 Real: the TCPStore (libuv, served by rank 0's process, as preflight serves it), the clients
 (`--procs` x `--threads` TCPStore connections, connected one after another before any timing),
 every value signed with one job key under the run's nonce by `preflight.store.Store` (the
-synthetic ranks post through `CheckIn.post`, the ranks' own code), and rank 0's code paths:
-`rank.answer_checkin` (check-in gather and answer), `collectives.open_bytes`/`open_ints` and
+synthetic ranks post through `checkin.post_node` and `CheckIn.post`, the ranks' own code), and
+rank 0's code paths:
+`checkin.answer_nodes` (check-in gather and answer), `collectives.open_bytes`/`open_ints` and
 `compare.group_ranks` (the gathered digests and rows), `layout.layout` (the CPU part every rank
 runs), `links.stage.post_second_plan` (first-pass records read, the rest of the schedule
 posted), `links.stage.collect` (every rank's link records, `section.assess`),
@@ -18,6 +20,12 @@ transport of every collective (the all-gathers' results are handed to rank 0's c
 directly), the link measurements (healthy synthetic figures: 370 Gb/s +-5%, 8 ranks a node,
 every rail measured as on GPUs). Collectives and link rounds are priced by the per-round cost
 model printed beside the figures: ASSUMED, until measured on the bed.
+
+The check-in runs two ways (`--modes`): flat, every rank posting a record of its own (the
+traffic of the protocol before the hierarchical check-in), and hierarchical (issue 38), one
+record a node of `--per-node` ranks posted by its leader, with node 0's leader (rank 0) on its
+real node channel (`node_channel`: `--per-node` - 1 ranks behind it as threads, the gather and
+the relayed answer timed). The N/8 leaders' posts are carried by the same few clients.
 
 Store operations: every call rank 0's `Store` makes to the TCPStore (a multi_get or a check of
 many keys is one operation; the keys it carries are counted apart), and the synthetic ranks'.
@@ -46,7 +54,16 @@ import torch
 import torch.distributed as dist
 
 from lockstep.env import compare, fingerprint
-from lockstep.preflight import collectives, heartbeat, rank, report, silence, verdict
+from lockstep.preflight import (
+    checkin,
+    collectives,
+    heartbeat,
+    node_channel,
+    rank,
+    report,
+    silence,
+    verdict,
+)
 from lockstep.preflight.links import schedule
 from lockstep.preflight.links import stage as link_stage
 from lockstep.preflight.links.layout import layout
@@ -176,15 +193,21 @@ def _writer(conn, lanes: list[int], lane_count: int, n: int, per: int, stagger_s
         if wave is None:
             return
 
-        maps = [partners(rounds) for rounds in wave[1:]]
+        maps = [partners(rounds) for rounds in wave[1:]] if wave[0] != "checkin" else []
         before = sum(s.raw.ops for s in stores)
 
         def post(lane: int, store: Store, wave=wave, maps=maps) -> None:
+            if wave[0] == "checkin":  # `group` ranks a record: 1 (flat) or a node's (leaders)
+                group = wave[1]
+                for first in range((lane or lane_count) * group, n, lane_count * group):
+                    ids = [identity(r, n, per, checks) for r in range(first, min(first + group, n))]
+                    store.by = f"rank {first} on {host_of(first, per)}"
+                    record = checkin.node_record(ids[0]["host"], first, ids, group, [], [])
+                    checkin.post_node(store, record)
+                return
             for r in range(lane or lane_count, n, lane_count):
                 store.by = f"rank {r} on {host_of(r, per)}"
-                if wave[0] == "checkin":
-                    value = identity(r, n, per, checks)
-                elif wave[0] == "links/pass1":
+                if wave[0] == "links/pass1":
                     value = records(r, per, maps[0], 0)
                 else:
                     done = records(r, per, maps[0], 0) + records(r, per, maps[1], len(maps[0]))
@@ -274,9 +297,49 @@ def _capped(*_):
     raise Capped()
 
 
+class Node0:
+    """Node 0 on its real channel (`node_channel`): rank 0 its leader, `per - 1` ranks behind
+    it (threads, each checking in and waiting for the relayed answer as a rank does)."""
+
+    def __init__(self, n: int, per: int, checks: list[dict]):
+        name = node_channel.name_of(os.getuid(), f"bench-{os.getpid()}-{n}", "127.0.0.1:0", "0")
+        self.n, self.per, self.checks, self.answers = n, per, checks, {}
+        self.leader = node_channel.Leader(
+            name, Signer(KEY), f"rank 0 on {host_of(0, per)}", per - 1
+        )
+        self.members = {k: node_channel.Member(name, Signer(KEY), f"rank {k} on {host_of(0, per)}",
+                                               "its node's leader") for k in range(1, per)}  # fmt: skip
+        self.threads = [threading.Thread(target=self._rank, args=(k,)) for k in self.members]
+
+    def _rank(self, k: int) -> None:
+        self.members[k].check_in(k, identity(k, self.n, self.per, self.checks), 60)
+        self.answers[k] = self.members[k].wait("answer", 600, 600, "the check-in's answer")
+
+    def gather(self) -> list[dict]:
+        """The leader's side of the check-in: its node's identities (its own first)."""
+        for t in self.threads:
+            t.start()
+        got = self.leader.gather(time.monotonic() + 60)
+        assert len(got) == self.per - 1, (got, self.leader.refused)
+        return [identity(0, self.n, self.per, self.checks), *(got[k] for k in sorted(got))]
+
+    def relay(self, answer: dict) -> None:
+        self.leader.send("answer", answer)
+        for t in self.threads:
+            t.join(60)
+        assert all(a == answer for a in self.answers.values()) and len(self.answers) == self.per - 1
+
+    def close(self) -> None:
+        self.leader.close()
+        for m in self.members.values():
+            m.close()
+
+
 def run_size(n: int, per: int = 8, procs: int = 4, threads: int = 8, cap_s: float = 120.0,
-             stagger_s: float = 0.002, out=sys.stdout) -> dict:  # fmt: skip
-    """One emulated job of `n` ranks; the phases, the ops and the verdict."""
+             stagger_s: float = 0.002, hier: bool = False, out=sys.stdout) -> dict:  # fmt: skip
+    """One emulated job of `n` ranks; the phases, the ops and the verdict. `hier`: the
+    hierarchical check-in (one record a node of `per`, node 0's leader on its real channel);
+    else every rank checks in for itself (the flat protocol's traffic)."""
     checks = [result(c.name, "ok", f"{c.name}: ok (synthetic)") for c in LOCAL_CHECKS]
     writers = Writers(n, per, procs, threads, stagger_s)
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=True,
@@ -284,14 +347,22 @@ def run_size(n: int, per: int = 8, procs: int = 4, threads: int = 8, cap_s: floa
     counting = Counting(dist.PrefixStore(PREFIX, server))
     store = Store(counting, Signer(KEY), "rank 0 on bench", PREFIX + "/")
     store = store.begin_run(make=True, within_s=10)
-    timer, setup, got = Timer(counting, cap_s), {}, {"n": n, "capped": False}
+    timer, setup, got = Timer(counting, cap_s), {}, {"n": n, "capped": False, "hier": hier}
+    node0 = Node0(n, per, checks) if hier else None
     try:
         start = time.perf_counter()
         writers.connect(server.port, store.signer.nonce, checks)
         setup["connect"] = time.perf_counter() - start
-        checkin = CheckIn(store, "checkin")
-        checkin.post(0, identity(0, n, per, checks))
-        setup["checkin"] = writers.wave("checkin")
+        group = per if hier else 1
+        if node0 is not None:
+            with timer.phase("node 0's leader: gather its ranks"):
+                ids = node0.gather()
+        else:
+            ids = [identity(0, n, per, checks)]
+        with timer.phase("node 0's leader: post its record"):
+            board = checkin.post_node(store, checkin.node_record(ids[0]["host"], 0, ids, group,
+                                                                 [], []))  # fmt: skip
+        setup["checkin"] = writers.wave("checkin", group)
         fp = fingerprint.collect()
         ignored = compare.Ignored()
         digest = compare.section_digests(fp, ignored)
@@ -300,8 +371,11 @@ def run_size(n: int, per: int = 8, procs: int = 4, threads: int = 8, cap_s: floa
         rows = [collectives.seal_ints(store.signer, "rows", r, row) for r in range(n)]
         hosts = [[*host_of(r, per).encode().ljust(64, b"\0"), r % per + 1] for r in range(n)]
         with timer.phase("check-in: gather, answer"):
-            answer = rank.answer_checkin(checkin, n, 60.0, "srun", "nccl", None)
+            answer, seen = checkin.answer_nodes(board, n, 60.0, "srun", "nccl", None)
         assert not answer["missing"] and not answer["blocked"], answer
+        if node0 is not None:
+            with timer.phase("node 0's leader: relay the answer"):
+                node0.relay(answer)
         with timer.phase("digests, rows: open, group"):
             digests = [collectives.open_bytes(store.signer, "digests", r, s) for r, s in
                        enumerate(sealed)]  # fmt: skip
@@ -323,7 +397,7 @@ def run_size(n: int, per: int = 8, procs: int = 4, threads: int = 8, cap_s: floa
         CheckIn(store, "links/end").post(0, {"status": {"state": "done"}, "records": done})
         setup["links/end"] = writers.wave("links/end", first_rounds, rest)
         with timer.phase("links: records read, assess"):
-            identities = [checkin.read(r) for r in range(n)]
+            identities = [seen[r] for r in range(n)]
             section = link_stage.collect(store, lay, world=n, identities=identities,
                                          timeout_s=60.0, started=time.monotonic(),
                                          min_link_gbps=None, judge_intra=True,
@@ -356,6 +430,8 @@ def run_size(n: int, per: int = 8, procs: int = 4, threads: int = 8, cap_s: floa
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         writers.close()
+        if node0 is not None:
+            node0.close()
     got.update(phases=timer.phases, setup=setup, rank0_ops=counting.ops, rank0_keys=counting.keys,
                ranks_ops=writers.ops, clients=writers.clients, cap_s=cap_s)  # fmt: skip
     got["measured_s"] = sum(p[1] for p in timer.phases)
@@ -366,9 +442,10 @@ def run_size(n: int, per: int = 8, procs: int = 4, threads: int = 8, cap_s: floa
 def show(got: dict, collective_s: float, link_round_s: float, out=sys.stdout) -> None:
     n = got["n"]
     load = got.get("load", os.getloadavg()[0])
+    how = "hierarchical: one record a node" if got.get("hier") else "flat: one record a rank"
     print(
-        f"\n== N={n:,} ranks ({n // 8:,} nodes of 8), {got['clients']} real clients, "
-        f"load average {load:.1f} at the end",
+        f"\n== N={n:,} ranks ({n // 8:,} nodes of 8), check-in {how}, {got['clients']} real "
+        f"clients, load average {load:.1f} at the end",
         file=out,
     )
     for name, secs in got["setup"].items():
@@ -524,6 +601,13 @@ def main() -> None:
         help="only the failure path's store operations (main's code and now)",
     )
     parser.add_argument("--failure-cap-s", type=float, default=30.0)
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=["flat", "hier"],
+        default=["flat", "hier"],
+        help="the check-in: every rank for itself (flat), one record a node (hier); both",
+    )
     args = parser.parse_args()
     if args.failure_path:
         for n in args.sizes:
@@ -532,9 +616,11 @@ def main() -> None:
     print(__doc__.split("\n\n")[2].replace("\n", " "))
     rows = []
     for n in args.sizes:
-        got = run_size(n, args.per_node, args.procs, args.threads, args.cap_s)
-        show(got, args.collective_s, args.link_round_s)
-        rows.append(got)
+        for mode in args.modes:
+            got = run_size(n, args.per_node, args.procs, args.threads, args.cap_s,
+                           hier=mode == "hier")  # fmt: skip
+            show(got, args.collective_s, args.link_round_s)
+            rows.append(got)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
 

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from lockstep.errors import RankTimeout
 from lockstep.preflight import heartbeat, silence
 from lockstep.preflight.store import Signer, Store
-from support.preflight_ranks import by_hand, finish
+from support.preflight_ranks import LAUNCH_TIMEOUT_S, by_hand, finish, on_nodes, stores_of
 
 KEY = b"heartbeat-test-job-key-32-bytes!"
 
@@ -106,19 +106,64 @@ def test_a_watch_waits_on_beats_and_names_a_stalled_rank_0(server):
     assert time.monotonic() - start < 0.6 + 1.5
 
 
+def finish_timed(procs: dict) -> tuple[dict, dict[int, float]]:
+    """`finish`, and when each rank printed its error line (time.time()): the moment it named
+    who stalled, apart from its process's own teardown afterwards (3 ranks on a loaded 2-core
+    machine took seconds to exit)."""
+    named: dict[int, float] = {}
+    errs: dict[int, list[str]] = {r: [] for r in procs}
+
+    def read(r: int) -> None:
+        for line in procs[r].stderr:
+            if line.startswith("lockstep: error:") and r not in named:
+                named[r] = time.time()
+            errs[r].append(line)
+
+    readers = [threading.Thread(target=read, args=(r,)) for r in procs]
+    for t in readers:
+        t.start()
+    out = {}
+    for r, proc in procs.items():
+        stdout = proc.stdout.read()
+        proc.wait(timeout=LAUNCH_TIMEOUT_S)
+        out[r] = {"rc": proc.returncode, "out": stdout}
+    for t in readers:
+        t.join(LAUNCH_TIMEOUT_S)
+    for r in procs:
+        out[r]["err"] = "".join(errs[r])
+    return out, named
+
+
 def test_the_others_fail_on_a_stalled_rank_0_and_wait_for_a_slow_one(tmp_path):
-    """Two jobs of 2 ranks at once: rank 0 of one stops its heartbeat and stalls before its
-    verdict, the other's is slower than --timeout but beats. On main's code the first's rank 1
-    waited --timeout for the verdict and named no host; the second's gave up on a busy rank 0."""
+    """Two jobs at once: rank 0 of one (2 nodes of 2 ranks: rank 0 is node 0's leader) stops
+    its heartbeat and stalls before its verdict, the other's (2 ranks) is slower than --timeout
+    but beats. Every rank of the first names rank 0 within the stall interval: rank 1 behind it
+    on its node's channel, rank 2 (node 1's leader) by the heartbeat, rank 3 with the line its
+    leader relays. On main's code the first's ranks waited --timeout for the verdict and named
+    no host; the second's gave up on a busy rank 0.
+    While the slow one's rank 0 waits, its two stores are read: the process group's keys (gloo's,
+    one a rank) are in the store rank 0 serves for it alone, not in lockstep's (on main they
+    shared lockstep's store)."""
     timeout = 10
     stall_s = heartbeat.intervals(timeout)[1]
     args = ["--timeout", str(timeout), "--no-links"]
     fault = heartbeat.FAULT_ENV
-    _, stalled = by_hand(2, [0, 1], tmp_path, args, per_rank_env={0: {fault: "stall:120"}})
-    _, slow = by_hand(2, [0, 1], tmp_path, args, per_rank_env={0: {fault: f"slow:{timeout + 1}"}})
+    placed = on_nodes(2, "stalled", range(4))
+    placed[0][fault] = "stall:120"
+    _, stalled = by_hand(4, range(4), tmp_path, args, per_rank_env=placed)
+    port, slow = by_hand(
+        2, [0, 1], tmp_path, args, per_rank_env={0: {fault: f"slow:{timeout + 1}"}}
+    )
     try:
-        rank1 = finish({1: stalled[1]})[1]
-        gave_up = time.time()
+        protocol, group = stores_of(port, LAUNCH_TIMEOUT_S)
+        pg_keys = [f"pg/0//cpu//0/{r}" for r in (0, 1)]  # gloo's rendezvous, under torch 2.x
+        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+        while not group.check(pg_keys) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert group.check(pg_keys), "the process group never met in its own store"
+        assert not any(protocol.check([k]) for k in pg_keys), "the process group used lockstep's"
+        assert protocol.check(["lockstep/preflight/./checkin/answer"])
+        others, named_at = finish_timed({r: stalled[r] for r in (1, 2, 3)})
         stalled[0].kill()
         rank0_err = stalled[0].communicate(timeout=30)[1]
         results = finish(slow)
@@ -129,11 +174,18 @@ def test_the_others_fail_on_a_stalled_rank_0_and_wait_for_a_slow_one(tmp_path):
                 proc.communicate()
     planted = re.search(r"planted stall on rank 0 at ([\d.]+)", rank0_err)
     assert planted, rank0_err[-2000:]
-    assert rank1["rc"] == 3, rank1
-    # one line of lockstep's (torch logs its own wait that timed out, in lines of its own)
-    (line,) = [ln for ln in rank1["err"].splitlines() if not ln.startswith("[rank1]:[W")]
+    assert {r: res["rc"] for r, res in others.items()} == {1: 3, 2: 3, 3: 3}, others
+    # one line of lockstep's each (torch logs its own wait that timed out, in lines of its own)
+    lines = {r: [ln for ln in res["err"].splitlines() if not ln.startswith("[rank")]
+             for r, res in others.items()}  # fmt: skip
+    assert all(len(got) == 1 for got in lines.values()), lines
+    assert re.match(r"^lockstep: error: its node's leader \(local rank 0 on \S+\) did not answer: "
+                    r"no heartbeat from it for [\d.]+s while this rank waited for the verdict",
+                    lines[1][0]), lines  # fmt: skip
     assert re.match(r"^lockstep: error: rank 0 on \S+ did not answer: no heartbeat from it for "
-                    r"[\d.]+s while this rank waited for the verdict", line), line  # fmt: skip
-    assert gave_up - float(planted.group(1)) < stall_s + 3, "rank 1 was slow to give up"
+                    r"[\d.]+s while this rank waited for the verdict", lines[2][0]), lines  # fmt: skip
+    assert lines[3] == lines[2], lines  # relayed by its leader, rank 2
+    late = {r: round(t - float(planted.group(1)), 2) for r, t in named_at.items()}
+    assert max(late.values()) < stall_s + 3, f"the ranks were slow to name rank 0: {late}"
     assert {r: res["rc"] for r, res in results.items()} == {0: 0, 1: 0}, results
     assert "planted slow on rank 0" in results[0]["err"]

@@ -18,7 +18,15 @@ from pathlib import Path
 import pytest
 
 from lockstep.launch import free_port
-from support.preflight_ranks import LAUNCH_TIMEOUT_S, base_env, by_hand, finish, wait_served
+from support.preflight_ranks import (
+    LAUNCH_TIMEOUT_S,
+    base_env,
+    by_hand,
+    finish,
+    on_nodes,
+    stores_of,
+    wait_served,
+)
 
 SECRET = "planted-secret-7f3a9"
 JOB_KEY = "planted-job-key-" + "9e" * 16  # the operator's key: signs, never shown
@@ -149,31 +157,59 @@ def test_rank_1_mismatch_exits_1_and_is_named(tmp_path):
 
 
 def test_missing_ranks_exit_3_within_the_timeout(tmp_path):
-    """Rank 2 of 3 never starts; in a second job rank 0 never starts. Nobody hangs.
+    """3 nodes of 2 ranks (torchrun's variables, no agents): node 1's second rank and all of
+    node 2 never start; in a second job (no local ranks: each rank checks in for itself) rank 0
+    never starts. Nobody hangs. Node 1's leader says which of its ranks never reached it; every
+    rank of the first job exits 3 within the timeout with one line naming the ranks and that
+    host, rank 1 with the line its leader relays (issue 38's hierarchical check-in).
 
     The clock starts when rank 0 serves its store (after its slow `import torch`), so the
-    bound holds on a loaded machine too; the timeout is long enough that rank 1, started beside
-    rank 0, arrives in time even when its own start is seconds slower.
+    bound holds on a loaded machine too; the timeout is long enough that ranks started beside
+    rank 0 arrive in time even when their own start is seconds slower.
     """
     timeout = 10
-    port, no_rank_2 = by_hand(3, [0, 1], tmp_path, args=["--timeout", str(timeout)])
+    port, procs = by_hand(
+        6, [0, 1, 2], tmp_path, ["--timeout", str(timeout)], on_nodes(2, "gone", range(3))
+    )
     _, no_rank_0 = by_hand(2, [1], tmp_path, args=["--timeout", "3"])
     served = wait_served(port, LAUNCH_TIMEOUT_S)
-    results = {0: finish({0: no_rank_2[0]})[0]}
+    results = finish(procs)
     elapsed = time.monotonic() - served
-    results[1] = finish({1: no_rank_2[1]})[1]
     results["lonely"] = finish(no_rank_0)[1]
-    assert {r: res["rc"] for r, res in results.items()} == {0: 3, 1: 3, "lonely": 3}, results
-    assert elapsed < timeout + 10, f"rank 0 took {elapsed:.1f}s after it came up"
-    for rank in (0, 1):
-        err = results[rank]["err"].strip()
-        assert "rank 2 of 3 never checked in" in err and "\n" not in err
+    assert {r: res["rc"] for r, res in results.items()} == {0: 3, 1: 3, 2: 3, "lonely": 3}, results
+    assert elapsed < timeout + 10, f"the ranks took {elapsed:.1f}s after rank 0 came up"
+    lines = {r: results[r]["err"].strip() for r in (0, 1, 2)}
+    host = socket.gethostname()
+    assert lines[0] == (
+        f"lockstep: error: ranks 3-5 of 6 never checked in within {timeout}s (not started, "
+        "crashed, or launched with another MASTER_ADDR/PORT); on "
+        f"{host}: local rank 1 of 2 never reached its node's leader"
+    ), lines
+    assert lines[1] == lines[0] and lines[2] == lines[0], lines
     assert "rank 0 missing" in results["lonely"]["err"]
+
+
+def worker_env(agent: int, within_s: float) -> dict[str, str]:
+    """The environment torchrun's agent gave its first worker (its agent store's port)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{agent}/task/{agent}/children").read_text().split()
+        try:
+            raw = Path(f"/proc/{children[0]}/environ").read_bytes() if children else b""
+        except OSError:
+            raw = b""
+        env = dict(x.split("=", 1) for x in raw.decode().split("\0") if "=" in x)
+        if "MASTER_PORT" in env:
+            return env
+        time.sleep(0.05)
+    raise AssertionError("torchrun's agent started no worker")
 
 
 def test_two_nodes_with_two_torchrun_agents(tmp_path):
     """`--nnodes 2` on one machine: 4 ranks pass and the report groups them by node. No job
-    key under an outer launcher: the same exit 0, but the verdict says UNAUTHENTICATED."""
+    key under an outer launcher: the same exit 0, but the verdict says UNAUTHENTICATED. While
+    rank 0 is slow before its verdict, the agents' store is read: each node's leader posted one
+    record for its 2 ranks (issue 38), and the process group met in rank 0's store of its own."""
     port, report = free_port(), tmp_path / "report.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2"]
     cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
@@ -182,7 +218,7 @@ def test_two_nodes_with_two_torchrun_agents(tmp_path):
     agents = [
         subprocess.Popen(
             cmd,
-            env=base_env(),
+            env=base_env(LOCKSTEP_PREFLIGHT_FAULT="slow:4"),
             cwd=tmp_path,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -190,8 +226,21 @@ def test_two_nodes_with_two_torchrun_agents(tmp_path):
         )
         for _ in range(2)
     ]
-    outputs = [a.communicate(timeout=LAUNCH_TIMEOUT_S)[0] for a in agents]
+    try:
+        agent_store = int(worker_env(agents[0].pid, LAUNCH_TIMEOUT_S)["MASTER_PORT"])
+        protocol, group = stores_of(agent_store, LAUNCH_TIMEOUT_S, run=f"two-nodes-{port}.0")
+        board = f"lockstep/preflight/two-nodes-{port}.0/checkin"
+        records, ranks = protocol.add(f"{board}/slots", 0), protocol.add(f"{board}/ranks", 0)
+        pg_keys = [f"pg/0//cpu//0/{r}" for r in range(4)]  # gloo's, one a rank
+        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+        while not (met := group.check(pg_keys)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        in_agents_store = [k for k in pg_keys if protocol.check([k])]
+    finally:
+        outputs = [a.communicate(timeout=LAUNCH_TIMEOUT_S)[0] for a in agents]
     assert [a.returncode for a in agents] == [0, 0], outputs
+    assert (records, ranks) == (2, 4)
+    assert met and not in_agents_store
     data = json.loads(report.read_text())
     assert data["ok"] and data["world_size"] == 4
     assert sorted((n["node"], n["ranks"]) for n in data["nodes"]) == [(0, [0, 1]), (1, [2, 3])]

@@ -1,5 +1,6 @@
 """The scale benchmark's smallest size (issue 38), so it cannot rot: rank 0's real code against
-64 synthetic ranks in a real libuv TCPStore, every value signed; rank 0 reads in batches."""
+64 synthetic ranks in a real libuv TCPStore, every value signed; rank 0 reads in batches; with
+the hierarchical check-in, one record a node of 8 (node 0's leader on its real channel)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,23 @@ def _bench():
 
 
 def test_64_synthetic_ranks_pass_with_batched_reads():
-    n = 64
-    got = _bench().run_size(n, procs=2, threads=2, cap_s=30.0)
+    n, bench = 64, _bench()
+    got = bench.run_size(n, procs=2, threads=2, cap_s=30.0)
     assert not got["capped"]
     assert got["exit_code"] == 0, got["problems"]
-    assert got["phases"][0][0] == "check-in: gather, answer"
+    flat_keys = {p[0]: p[3] for p in got["phases"]}["check-in: gather, answer"]
     # rank 0 read every check-in, first-pass record and link status (3 N keys and more)...
     assert got["rank0_keys"] >= 3 * n
     # ...in batches: on main's code it made two calls a key (about 6 N operations)
     assert got["rank0_ops"] <= n // 2
-    # each synthetic rank posts three times, three operations each
-    assert got["ranks_ops"] == 9 * (n - 1)
+    # each synthetic rank posts three times: its check-in as a node of one (5 operations: a
+    # slot, the post, the rank count), its link records (3 each)
+    assert got["ranks_ops"] == 11 * (n - 1)
+    hier = bench.run_size(n, procs=2, threads=2, cap_s=30.0, hier=True)
+    assert not hier["capped"] and hier["exit_code"] == 0, hier["problems"]
+    phases = {p[0]: p for p in hier["phases"]}
+    assert "node 0's leader: relay the answer" in phases
+    # one record a node: rank 0 reads n/8 records (and the counts), not n check-ins
+    assert phases["check-in: gather, answer"][3] < flat_keys / 4, (phases, flat_keys)
+    # the other nodes' leaders post once for their 8 ranks (5 operations), not every rank
+    assert hier["ranks_ops"] == 5 * (n // 8 - 1) + 6 * (n - 1)

@@ -68,6 +68,20 @@ def by_hand(
     return port, procs
 
 
+def on_nodes(per_node: int, run_id: str, ranks) -> dict[int, dict[str, str]]:
+    """Per-rank variables that put `ranks` on nodes of `per_node` as torchrun's agents would
+    (node rank, local rank and size, its run id), without the agents: rank 0 serves the store."""
+    return {
+        r: {
+            "TORCHELASTIC_RUN_ID": run_id,
+            "GROUP_RANK": str(r // per_node),
+            "LOCAL_RANK": str(r % per_node),
+            "LOCAL_WORLD_SIZE": str(per_node),
+        }
+        for r in ranks
+    }
+
+
 def wait_served(port: int, within_s: float) -> float:
     """When rank 0's store starts listening: the moment its check-in clock starts."""
     deadline = time.monotonic() + within_s
@@ -86,3 +100,27 @@ def finish(procs: dict) -> dict:
         stdout, stderr = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
         out[rank] = {"rc": proc.returncode, "out": stdout, "err": stderr}
     return out
+
+
+def stores_of(port: int, within_s: float, run: str = "."):
+    """A running job's two stores, read from outside (issue 38): (lockstep's store at
+    MASTER_PORT, the process group's store that the check-in's answer names). `run`: the
+    job's run id (by hand: no Slurm or torchrun ids)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from lockstep.preflight.store import Store
+
+    wait_served(port, within_s)
+    raw = dist.TCPStore("127.0.0.1", port, is_master=False, use_libuv=True,
+                        timeout=timedelta(seconds=within_s))  # fmt: skip
+    protocol = Store(raw).prefixed(f"lockstep/preflight/{run}")
+    deadline = time.monotonic() + within_s
+    while not protocol.has("checkin/answer"):
+        assert time.monotonic() < deadline, "rank 0 posted no check-in answer"
+        time.sleep(0.05)
+    where = protocol.get("checkin/answer")["v"]["pg"]
+    group = dist.TCPStore(where["host"], where["port"], is_master=False, use_libuv=True,
+                          timeout=timedelta(seconds=within_s))  # fmt: skip
+    return raw, group

@@ -125,14 +125,17 @@ class Watch:
         return beat
 
 
-def planted(beat: Heartbeat | None) -> None:
-    """Tests only: `LOCKSTEP_PREFLIGHT_FAULT=stall:S` makes rank 0 stop beating and then
-    sleep S seconds (a stalled rank 0), `slow:S` sleep S seconds beating (a slow one)."""
+def planted(beat: Heartbeat | None, node=None) -> None:
+    """Tests only: `LOCKSTEP_PREFLIGHT_FAULT=stall:S` makes rank 0 stop beating (on the store
+    and, as its node's leader, on the node's channel: `node`) and then sleep S seconds (a
+    stalled rank 0), `slow:S` sleep S seconds beating (a slow one)."""
     kind, _, seconds = os.environ.get(FAULT_ENV, "").partition(":")
     if beat is None or kind not in ("stall", "slow"):
         return
     if kind == "stall":
         beat.stop()
+        if node is not None:
+            node.stop_beats()
     print(f"lockstep: planted {kind} on rank 0 at {time.time():.3f}", file=sys.stderr, flush=True)
     time.sleep(float(seconds))
 

@@ -10,10 +10,9 @@ store, so every rank exits with the same code.
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,24 +20,26 @@ import torch
 import torch.distributed as dist
 
 from lockstep.env import compare, fingerprint
-from lockstep.errors import EXIT_TIMEOUT, CheckFailed, RankTimeout
+from lockstep.errors import EXIT_TIMEOUT, CheckFailed, LockstepError, RankTimeout
 from lockstep.launch.detect import RankInfo
 from lockstep.preflight import (
+    checkin,
     collectives,
     heartbeat,
     job_key,
+    node_channel,
+    rendezvous,
     report,
-    report_json,
     silence,
     verdict,
 )
 from lockstep.preflight.identity import identity_of
-from lockstep.preflight.lines import first_line, ranges
+from lockstep.preflight.lines import first_line
 from lockstep.preflight.links import stage as link_stage
 from lockstep.preflight.links.layout import layout
 from lockstep.preflight.local import gpu, registry
 from lockstep.preflight.options import Options
-from lockstep.preflight.store import CheckIn, Refused, Signer, Store, connect
+from lockstep.preflight.store import CheckIn, Refused, Signer, Store
 
 CHECKIN_ANSWER, VERDICT = "checkin/answer", "verdict/answer"  # what rank 0's heartbeat says
 VERDICT_LIMIT = 30  # x --timeout: how long the others wait for a rank 0 whose heartbeat goes on
@@ -49,12 +50,15 @@ class _Job:
     """This rank's place in the preflight, once it has met its peers."""
 
     info: RankInfo
-    store: Store  # the preflight's own prefix of the c10d store
-    checkin: CheckIn
+    store: Store  # the preflight's own prefix of the c10d store (on demand behind a leader)
+    node: node_channel.Leader | node_channel.Member | None  # None: alone on its node
     device: torch.device
     options: Options
     beat: heartbeat.Heartbeat | None  # rank 0's
-    watch: heartbeat.Watch  # the others' wait for rank 0's answers
+    watch: heartbeat.Watch  # the leaders' wait for rank 0's answers
+    pg_server: object = None  # rank 0's: the process group's own store (`pg_store`)
+    pg_where: dict | None = None  # its host and port, for the check-in's answer
+    seen: dict = field(default_factory=dict)  # rank 0: the identities by rank, "leaders"
 
     @property
     def backend(self) -> str:
@@ -63,6 +67,15 @@ class _Job:
     @property
     def timeout_s(self) -> float:
         return self.options.timeout
+
+    @property
+    def member(self) -> bool:
+        return isinstance(self.node, node_channel.Member)
+
+    def relay(self, kind: str, value: object) -> None:
+        """A leader: pass rank 0's answer on to the node's other ranks."""
+        if isinstance(self.node, node_channel.Leader):
+            self.node.send(kind, value)
 
 
 @dataclass(frozen=True)
@@ -92,24 +105,51 @@ def run_rank(info: RankInfo, options: Options) -> int:
     # Before meeting peers, so a bad lock or image manifest ends every rank with exit 2 at once.
     fp = fingerprint.collect(lock=Path(options.lock) if options.lock else None)
 
-    store = _connect(info, options.timeout, signer)
-    beat_s, stall_s = heartbeat.intervals(options.timeout)
+    timeout = options.timeout
+    node = rendezvous.node_role(info, signer)
+    if isinstance(node, node_channel.Member):  # behind its leader: the store only on demand
+        store = rendezvous.OnDemand(lambda: rendezvous.connect_protocol(info, timeout, signer))
+    else:
+        store = rendezvous.connect_protocol(info, timeout, signer)
+    pg_server, pg_where = rendezvous.serve_group(info, timeout) if info.rank == 0 else (None, None)
+    beat_s, stall_s = heartbeat.intervals(timeout)
     beat = heartbeat.Heartbeat(store, beat_s).start() if info.rank == 0 else None
+    if isinstance(node, node_channel.Leader):
+        node.beat(beat_s)
     watch = heartbeat.Watch(store, stall_s, f"rank 0 (at MASTER_ADDR={info.master_addr})")
-    job = _Job(info, store, CheckIn(store, "checkin"), device, options, beat, watch)
+    job = _Job(info, store, node, device, options, beat, watch, pg_server, pg_where)
     try:
-        os.environ["LOCKSTEP_REDACT_SALT"] = _check_in(job, identity)
+        return _run(job, identity, fp, started, signer.key)
+    except LockstepError as err:  # the node's other ranks end with this leader's line and code
+        if isinstance(node, node_channel.Leader):
+            node.fail(err)
+        raise
+    finally:
+        if beat is not None:
+            beat.stop()
+        if node is not None:
+            node.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run(job: _Job, identity: dict, fp: dict, started: float, key: bytes | None) -> int:
+    info, options = job.info, job.options
+    try:
+        answer = _check_in(job, identity)
+        os.environ["LOCKSTEP_REDACT_SALT"] = answer["salt"]
         fingerprint.resalt(fp)  # one salt for the job: equal secrets hash equal on every rank
         dist.init_process_group(
             job.backend,
-            store=dist.PrefixStore("pg", store.raw),
+            store=rendezvous.group_store(job.pg_server, answer["pg"], job.timeout_s),
             rank=info.rank,
             world_size=info.world_size,
-            timeout=timedelta(seconds=options.timeout),
-            device_id=device if device.type == "cuda" else None,  # eager: P2P batches reuse it
+            timeout=timedelta(seconds=job.timeout_s),
+            device_id=job.device if job.device.type == "cuda" else None,  # eager: P2P reuses it
         )
         ignored = compare.Ignored(options.allow)
-        gathered = _exchange(job, fp, ignored)
+        signer = Signer(key, answer["nonce"])  # the run's, as rank 0 made it
+        gathered = _exchange(job, fp, ignored, signer)
         links = _links(job)
         if info.rank != 0:
             return _await_verdict(job)
@@ -132,18 +172,12 @@ def run_rank(info: RankInfo, options: Options) -> int:
         raise RankTimeout(
             f"a peer failed or stalled during the preflight: {first_line(err)}"
         ) from None
-    finally:
-        if beat is not None:
-            beat.stop()
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
 
-def _exchange(job: _Job, fp: dict, ignored: compare.Ignored) -> _Gathered:
+def _exchange(job: _Job, fp: dict, ignored: compare.Ignored, signer: Signer) -> _Gathered:
     """The collective part, the same on every rank: digests, representatives' fingerprints
     into the store, collectives by value, all_reduce timings, the matmul checksum."""
-    n, device = job.info.world_size, job.device
-    signer, me = job.store.signer, job.info.rank
+    n, device, me = job.info.world_size, job.device, job.info.rank
     sealed = collectives.seal_bytes(signer, "digests", me, compare.section_digests(fp, ignored))
     row = torch.frombuffer(bytearray(sealed), dtype=torch.uint8)
     digests = [
@@ -204,8 +238,8 @@ def _decide(
 ) -> int:
     """Rank 0: read identities and fingerprints from the store, judge, post and print."""
     n, store, options = job.info.world_size, job.store, job.options
-    heartbeat.planted(job.beat)  # tests only: LOCKSTEP_PREFLIGHT_FAULT
-    identities = [job.checkin.read(r) for r in range(n)]  # gathered at the check-in: no read
+    heartbeat.planted(job.beat, job.node)  # tests only: LOCKSTEP_PREFLIGHT_FAULT
+    identities = [job.seen["identities"][r] for r in range(n)]  # from the check-in: no read
     link_section = None
     if links is not None:
         link_section = link_stage.collect(
@@ -247,12 +281,14 @@ def _decide(
     )
     verdict_board = CheckIn(store, "verdict")
     verdict_board.answer(result["exit_code"])
+    job.relay("verdict", result["exit_code"])
     _posted(job, VERDICT)
     report.emit(result, json_path=Path(options.json) if options.json else None)
     if link_section is not None:
         link_stage.write_outputs(link_section, exclude_out=options.exclude_out, plot=options.plot)
-    silent = len(link_section["silent_ranks"]) if link_section else 0
-    verdict_board.linger(n - 1 - silent, job.timeout_s)
+    silent = set(link_section["silent_ranks"]) if link_section else set()
+    readers = [r for r in job.seen["leaders"] if r != 0 and r not in silent]
+    verdict_board.linger(len(readers), job.timeout_s)
     return result["exit_code"]
 
 
@@ -261,7 +297,8 @@ def _post_verdict(job: _Job, code: int) -> None:
     board = CheckIn(job.store, "verdict")
     board.answer(code)
     _posted(job, VERDICT)
-    board.linger(job.info.world_size - 1, min(job.timeout_s, 10.0))
+    job.relay("verdict", code)
+    board.linger(max(0, len(job.seen.get("leaders", ())) - 1), min(job.timeout_s, 10.0))
 
 
 def _pack(ok: dict[str, bool], seconds: list[float], checksum: int | None) -> list[int]:
@@ -286,92 +323,71 @@ def _all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     return out
 
 
-def _connect(info: RankInfo, timeout_s: float, signer: Signer) -> Store:
-    """The c10d TCPStore: rank 0 serves it unless torchrun's agent already does; this job's
-    prefix of it, signed under the run's nonce (rank 0 makes it)."""
-    serve = info.rank == 0 and not info.agent_store
-    where = f"{info.master_addr}:{info.master_port}"
-    store = connect(
-        info.master_addr,
-        info.master_port,
-        serve=serve,
-        timeout_s=timeout_s,
-        reach_s=timeout_s,
-        multi_tenant=serve,
-        messages={
-            "unreachable": f"rank 0 missing: nothing answered at MASTER_ADDR:MASTER_PORT={where} "
-            f"within {timeout_s:g}s (rank 0 not started, wrong address, or a firewall)",
-            "cannot_serve": f"rank 0 cannot serve the store on {where}",
-            "name": "the store",
-        },
-    )
-    store = store.prefixed(f"lockstep/preflight/{_run_id()}")
-    store = store.signed(signer, f"rank {info.rank} on {socket.gethostname()}")
-    run = store.begin_run(make=info.rank == 0, within_s=timeout_s)
-    if run is None:
-        raise RankTimeout(f"rank 0 posted no run nonce within {timeout_s:g}s; it stalled or died")
-    return run
-
-
-def _run_id() -> str:
-    env = os.environ
-    if "TORCHELASTIC_RUN_ID" in env:
-        return f"{env['TORCHELASTIC_RUN_ID']}.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-    return f"{env.get('SLURM_JOB_ID', '')}.{env.get('SLURM_STEP_ID', '')}"
-
-
-def _check_in(job: _Job, identity: dict) -> str:
-    """Every rank posts its identity; rank 0 waits `--timeout` for all, then answers all.
-    A local check that would break the process group on some node (its hostname does not
+def _check_in(job: _Job, identity: dict) -> dict:
+    """Every rank checks in (`checkin`: behind its node's leader, which posts one record for
+    the node); rank 0 waits `--timeout` for all, then answers all, the leaders relay it. A
+    local check that would break the process group on some node (its hostname does not
     resolve, GLOO/NCCL_SOCKET_IFNAME names an absent interface) ends every rank here with the
     nodes and ranks named (`verdict.blocking`), before any collective could hang on it. The
-    answer carries the job's redaction salt."""
-    info, timeout_s, checkin = job.info, job.timeout_s, job.checkin
-    checkin.post(info.rank, identity, who=socket.gethostname())
-    if info.rank == 0:
-        answer = answer_checkin(
-            checkin, info.world_size, timeout_s, info.launcher, job.backend, job.options.json
-        )
-        missing = answer["missing"]
-        _posted(job, CHECKIN_ANSWER)
-        if missing or answer["blocked"]:  # about to exit: let the ranks that did arrive read why
-            checkin.linger(info.world_size - len(missing) - 1, timeout_s)
+    answer carries the job's redaction salt and where the process group's store is."""
+    info, timeout_s, node = job.info, job.timeout_s, job.node
+    if isinstance(node, node_channel.Member):
+        node.check_in(info.local_rank or 0, identity, timeout_s)
+        answer = node.wait("answer", 2 * timeout_s + 10, job.watch.stall_s, "the check-in's answer")
+        if not checkin.is_answer(answer):
+            raise CheckFailed("preflight: its node's leader relayed a malformed check-in answer")
     else:
-        posted = job.watch.wait_for(CHECKIN_ANSWER, timeout_s + 10, "the check-in's answer")
-        answer = checkin.await_answer(timeout_s, _is_checkin_answer) if posted else None
-        if answer is None:
-            raise RankTimeout(
-                f"rank 0 gave no check-in answer within {timeout_s + 10:g}s; it stalled or died"
-            )
+        answer = _lead_check_in(job, identity)
     if answer.get("blocked"):
         raise CheckFailed(answer["blocked"])
     if answer["missing"]:
-        raise RankTimeout(
-            f"rank{'s' if len(answer['missing']) > 1 else ''} "
-            f"{ranges(answer['missing'])} of {info.world_size} never checked in within "
-            f"{timeout_s:g}s (not started, crashed, or launched with another MASTER_ADDR/PORT)"
+        raise RankTimeout(checkin.missing_line(answer, info.world_size, timeout_s))
+    return answer
+
+
+def _lead_check_in(job: _Job, identity: dict) -> dict:
+    """A leader (or a rank alone on its node): its node's record posted, rank 0's answer."""
+    info, timeout_s, node = job.info, job.timeout_s, job.node
+    started = time.monotonic()
+    if info.rank == 0:  # its own node's ranks within --timeout, then the other nodes'
+        got = node.gather(started + timeout_s) if node else {}
+    else:  # until rank 0 closes the check-in (asked only while a rank is missing)
+        closing = lambda: job.store.has(checkin.CLOSING)  # noqa: E731
+        got = node.gather(started + timeout_s + checkin.grace_s(timeout_s), closing) if node else {}
+    size = node.members + 1 if node else 1
+    record = checkin.node_record(
+        socket.gethostname(),
+        info.rank,
+        [identity, *(got[k] for k in sorted(got))],
+        size,
+        [k for k in range(1, size) if k not in got],
+        node.refused if node else (),
+    )
+    board = checkin.post_node(job.store, record)
+    if info.rank == 0:
+        answer, identities = checkin.answer_nodes(
+            board,
+            info.world_size,
+            timeout_s,
+            info.launcher,
+            job.backend,
+            job.options.json,
+            pg=job.pg_where,
+            started=started,
         )
-    return answer["salt"]
-
-
-def answer_checkin(
-    checkin: CheckIn, world: int, timeout_s: float, launcher: str, backend: str, json_path
-) -> dict:
-    """Rank 0's half of the check-in: gather every identity (`checkin` keeps them: the
-    verdict reads them from there, not from the store again), decide, post the answer."""
-    posted = checkin.gather(world, time.monotonic() + timeout_s, _is_identity)
-    missing = [r for r in range(world) if r not in posted]
-    answer = {"missing": missing, "salt": secrets.token_hex(8), "blocked": None}
-    if checkin.refused:  # forged or malformed check-ins: named, never believed
-        answer["blocked"] = "preflight: " + " | ".join(r.detail for r in checkin.refused.values())
-    elif not missing:
-        identities = [posted[r] for r in range(world)]
-        blocked = verdict.blocking(identities, launcher, backend, registry.blocking(backend))
-        if blocked:
-            answer["blocked"] = blocked["line"]
-            if json_path:
-                report_json.write(blocked, Path(json_path))
-    checkin.answer(answer)
+        job.seen.update(identities=identities, leaders=answer["leaders"])
+        _posted(job, CHECKIN_ANSWER)
+        job.relay("answer", answer)
+        if answer["missing"] or answer["blocked"]:  # about to exit: the leaders read why first
+            board.linger(len(answer["leaders"]) - 1, timeout_s)
+        return answer
+    posted = job.watch.wait_for(CHECKIN_ANSWER, timeout_s + 10, "the check-in's answer")
+    answer = board.await_answer(timeout_s, checkin.is_answer) if posted else None
+    if answer is None:
+        raise RankTimeout(
+            f"rank 0 gave no check-in answer within {timeout_s + 10:g}s; it stalled or died"
+        )
+    job.relay("answer", answer)
     return answer
 
 
@@ -389,7 +405,7 @@ def _silent_ranks(job: _Job) -> str | None:
         silence.report_in(store, info.rank)
         if info.rank == 0:
             return silence.diagnose(
-                store, info.world_size, job.checkin.read, job.timeout_s, job.beat
+                store, info.world_size, job.seen["identities"].__getitem__, job.timeout_s, job.beat
             )
         # rank 0 gives up on its own collective up to --timeout later, then waits --timeout
         return silence.await_diagnosis(store, job.watch, 2 * job.timeout_s + 10)
@@ -406,6 +422,11 @@ def _await_verdict(job: _Job) -> int:
     """Rank 0's verdict, waited for as long as its heartbeat goes on, at most
     `VERDICT_LIMIT` x `--timeout`: a large job's rank 0 is slow, not stalled."""
     limit = VERDICT_LIMIT * job.timeout_s
+    if isinstance(job.node, node_channel.Member):
+        code = job.node.wait("verdict", limit, job.watch.stall_s, "the verdict")
+        if code not in (0, 1, 2, 3, 4):
+            raise CheckFailed("preflight: its node's leader relayed a malformed verdict")
+        return int(code)
     if not job.watch.wait_for(VERDICT, limit, "the verdict"):
         raise RankTimeout(
             f"{job.watch.who} sent no verdict within {limit:g}s (its heartbeat went on)"
@@ -413,24 +434,5 @@ def _await_verdict(job: _Job) -> int:
     code = CheckIn(job.store, "verdict").await_answer(job.timeout_s, lambda v: v in (0, 1, 2, 3, 4))
     if code is None:
         raise RankTimeout(f"rank 0 sent no verdict within {job.timeout_s:g}s")
+    job.relay("verdict", code)
     return int(code)
-
-
-def _is_identity(value: object) -> bool:
-    """A rank's check-in as `verdict` reads it (anything else is refused as malformed)."""
-    return (
-        isinstance(value, dict)
-        and isinstance(value.get("rank"), int)
-        and isinstance(value.get("host"), str)
-        and isinstance(value.get("checks"), list)
-        and all(isinstance(c, dict) for c in value["checks"])
-    )
-
-
-def _is_checkin_answer(value: object) -> bool:
-    return (
-        isinstance(value, dict)
-        and isinstance(value.get("missing"), list)
-        and isinstance(value.get("salt"), str)
-        and isinstance(value.get("blocked"), str | None)
-    )
