@@ -130,17 +130,87 @@ def _malformed(name: str, rank: int, why: str) -> Refused:
 def open_rows(
     signer: Signer, name: str, rows, *, world: int, rounds: range
 ) -> tuple[dict[int, list[dict]], dict[int, Refused]]:
-    """Rank 0: every rank's records from the gathered rows (one row of bytes per rank), and
-    the rows refused (forged or malformed), by rank."""
-    got: dict[int, list[dict]] = {}
+    """Rank 0: every rank's records from the gathered rows (an array, a row of bytes per rank),
+    and the rows refused (forged or malformed), by rank. Checked for all rows at once (numpy):
+    at 64k ranks a row at a time took seconds."""
     refused: dict[int, Refused] = {}
     for r in range(world):
         try:
-            data = collectives.open_bytes(signer, name, r, bytes(rows[r]))
-            got[r] = unpack(data, rank=r, world=world, rounds=rounds, name=name)
+            collectives.open_bytes(signer, name, r, bytes(rows[r]))
         except Refused as err:
             refused[r] = err
+    spec = fields()
+    data = np.ascontiguousarray(rows[:, : rows.shape[1] - 32])
+    if data.shape[1] != len(rounds) * len(spec) * 8:  # the size every rank derives alike
+        bad = np.ones(world, dtype=bool)
+        bits = values = none = None
+    else:
+        bits = data.view("<i8").reshape(world, len(rounds), len(spec))
+        values, none = bits.view("<f8"), bits == _NONE
+        bad = _bad_rows(values, none, world, rounds)
+    got: dict[int, list[dict]] = {}
+    for r in np.flatnonzero(bad).tolist():
+        if r not in refused:
+            try:
+                unpack(bytes(data[r]), rank=r, world=world, rounds=rounds, name=name)
+            except Refused as err:
+                refused[r] = err
+            else:
+                refused[r] = _malformed(name, r, "not readings")
+    if values is None:
+        return got, refused
+    as_lists, nones = values.tolist(), none.tolist()
+    for r in range(world):
+        if r not in refused:
+            got[r] = _records(as_lists[r], nones[r], spec)
     return got, refused
+
+
+def _bad_rows(values, none, world: int, rounds: range):
+    """Per rank: whether a slot in use holds something that is not a reading (`unpack` names
+    what)."""
+    spec = fields()
+    used = ~none[:, :, 0]
+    bad = np.zeros(used.shape, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        for j, (_, kind) in enumerate(spec):
+            v, unset = values[:, :, j], none[:, :, j]
+            ok = np.isfinite(v)
+            if kind.startswith(("int", "type")):
+                ok &= v == np.floor(v)
+            if kind.startswith("bool"):
+                ok &= (v == 0) | (v == 1)
+            if kind == "type":
+                num = values[:, :, j - 1]
+                ok &= (v >= 0) & (v < len(_TYPES)) & ~none[:, :, j - 1]
+                ok &= (v != 1) | (num == np.floor(num))
+                ok &= (v != 2) | (num == 0) | (num == 1)
+            bad |= unset if kind.endswith("!") else ~(ok | unset)
+        peer, rnd, gbps = values[:, :, 0], values[:, :, 1], values[:, :, 3]
+        me = np.arange(world)[:, None]
+        ok = (peer >= 0) & (peer < world) & (peer != me) & (gbps >= 0)
+        ok &= (rnd >= rounds.start) & (rnd < rounds.stop)
+        bad |= ~ok
+    return (bad & used).any(axis=1)
+
+
+def _records(values: list, nones: list, spec) -> list[dict]:
+    """One rank's records from its checked slots (lists: plain Python, fast)."""
+    out = []
+    for v, unset in zip(values, nones, strict=True):
+        if unset[0]:
+            continue
+        rec: dict = {}
+        for j, (key, kind) in enumerate(spec):
+            if unset[j]:
+                continue
+            x = v[j]
+            if kind == "type":
+                rec[key] = _TYPES[int(x)](rec[key])
+            else:
+                rec[key] = int(x) if kind[0] == "i" else bool(x) if kind[0] == "b" else x
+        out.append(rec)
+    return out
 
 
 @dataclass
