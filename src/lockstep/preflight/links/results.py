@@ -312,7 +312,8 @@ class Exchange:
         try:
             self.dist.broadcast(tensor, src=0)
         except Exception as err:
-            raise Failed(f"waiting for rank 0's {what}: {first_line(err, 300)}") from None
+            doing = f"sending the {what}" if plan is not None else f"waiting for rank 0's {what}"
+            raise Failed(f"{doing}: {first_line(err, 300)}") from None
         if plan is not None:
             return plan
         data = collectives.open_bytes(self.signer, what, 0, tensor.cpu().numpy().tobytes())
