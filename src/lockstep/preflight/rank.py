@@ -170,10 +170,10 @@ def _exchange(job: _Job, fp: dict, ignored: compare.Ignored) -> _Gathered:
 
 def _links(job: _Job):
     """The link stage (issue 23): every rank measures its pairs (`links.stage.run_stage`);
-    rank 0 gets (its `Outcome`: the results gathered, stage start) to judge later, or None.
-    On by default when the ranks span more than one host: the layout's all-gather
-    (hostnames, one fixed-size tensor), which the stage needs anyway, gives every rank the
-    same answer (the check-in's identities are rank 0's alone); a single-host job stops there, one all-gather of 65 integers later.
+    rank 0 gets (its `Outcome`, stage start) to judge later, or None. On by default when the ranks
+    span more than one host: the layout's all-gather (hostnames, one fixed-size tensor), which
+    the stage needs anyway, gives every rank the same answer (the check-in's identities are
+    rank 0's alone); a single-host job stops there, one all-gather of 65 integers later.
     `--links` runs it on one host too (between its ranks), `--no-links` never. A rank starved
     of CPU would read as a slow link (a clean 4-node x 2-rank srun launch on a 2-core machine
     at load ~14 named one at half speed): the stage measures each transfer's run-queue wait
