@@ -11,13 +11,15 @@ synthetic ranks post through `checkin.post_node` and `CheckIn.post`, the ranks' 
 rank 0's code paths:
 `checkin.answer_nodes` (check-in gather and answer), `collectives.open_bytes`/`open_ints` and
 `compare.group_ranks` (the gathered digests and rows), `layout.layout` (the CPU part every rank
-runs), `links.stage.post_second_plan` (first-pass records read, the rest of the schedule
-posted), `links.stage.collect` (every rank's link records, `section.assess`),
+runs), `links.results.Exchange.close` (rank 0's side of each pass: every rank's sealed row
+opened, the rest of the schedule decided and sealed for its broadcast), `links.stage.collect`
+(the status board looked at once, `section.assess`),
 `rank.read_fingerprints` + `compare.compare_ranks` + `verdict.build_report`, `report.emit`.
 Emulated: the ranks themselves (N ranks' posts carried by the few clients above, written
 before each timed phase: the time rank 0 waits for stragglers is not in the figures), the
 transport of every collective (the all-gathers' results are handed to rank 0's code
-directly), the link measurements (healthy synthetic figures: 370 Gb/s +-5%, 8 ranks a node,
+directly; the link passes' gathered rows are copied into rank 0's buffer, in the phase), the
+link measurements (healthy synthetic figures: 370 Gb/s +-5%, 8 ranks a node,
 every rail measured as on GPUs). Collectives and link rounds are priced by the per-round cost
 model printed beside the figures: ASSUMED, until measured on the bed.
 
@@ -50,6 +52,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -64,7 +67,7 @@ from lockstep.preflight import (
     silence,
     verdict,
 )
-from lockstep.preflight.links import schedule
+from lockstep.preflight.links import results, schedule
 from lockstep.preflight.links import stage as link_stage
 from lockstep.preflight.links.layout import layout
 from lockstep.preflight.local.check import result
@@ -193,26 +196,17 @@ def _writer(conn, lanes: list[int], lane_count: int, n: int, per: int, stagger_s
         if wave is None:
             return
 
-        maps = [partners(rounds) for rounds in wave[1:]] if wave[0] != "checkin" else []
         before = sum(s.raw.ops for s in stores)
 
-        def post(lane: int, store: Store, wave=wave, maps=maps) -> None:
-            if wave[0] == "checkin":  # `group` ranks a record: 1 (flat) or a node's (leaders)
-                group = wave[1]
-                for first in range((lane or lane_count) * group, n, lane_count * group):
-                    ids = [identity(r, n, per, checks) for r in range(first, min(first + group, n))]
-                    store.by = f"rank {first} on {host_of(first, per)}"
-                    record = checkin.node_record(ids[0]["host"], first, ids, group, [], [])
-                    checkin.post_node(store, record)
-                return
-            for r in range(lane or lane_count, n, lane_count):
-                store.by = f"rank {r} on {host_of(r, per)}"
-                if wave[0] == "links/pass1":
-                    value = records(r, per, maps[0], 0)
-                else:
-                    done = records(r, per, maps[0], 0) + records(r, per, maps[1], len(maps[0]))
-                    value = {"status": {"state": "done"}, "records": done}
-                CheckIn(store, wave[0]).post(r, value, who=host_of(r, per))
+        def post(lane: int, store: Store, wave=wave) -> None:
+            # the check-in, the only wave left (the link results come by collective): `group`
+            # ranks a record, 1 (flat) or a node's (leaders)
+            group = wave[1]
+            for first in range((lane or lane_count) * group, n, lane_count * group):
+                ids = [identity(r, n, per, checks) for r in range(first, min(first + group, n))]
+                store.by = f"rank {first} on {host_of(first, per)}"
+                record = checkin.node_record(ids[0]["host"], first, ids, group, [], [])
+                checkin.post_node(store, record)
 
         threads = [threading.Thread(target=post, args=x) for x in zip(lanes, stores, strict=True)]
         for t in threads:
@@ -270,6 +264,33 @@ class FakeGather:
     def all_gather(self, out, _mine) -> None:
         for i, row in enumerate(self.rows):
             out[i] = torch.tensor(row)
+
+
+class FakeP2P:
+    """The link passes' gather and broadcast, emulated: rank 0's buffer gets `rows` (every
+    rank's sealed row, `sealed_rows`); the broadcast goes nowhere."""
+
+    def __init__(self):
+        self.rows = None
+
+    def gather(self, _mine, out, dst) -> None:
+        for i, row in enumerate(out):
+            row.copy_(self.rows[i])
+
+    def broadcast(self, _tensor, src) -> None:
+        pass
+
+
+def sealed_rows(signer: Signer, name: str, n: int, per: int, rounds: list, offset: int):
+    """Every synthetic rank's sealed row of a pass (`results.pack`), as rank 0 gathers them."""
+    maps = partners(rounds)
+    rows = [
+        collectives.seal_bytes(
+            signer, name, r, results.pack(records(r, per, maps, offset), len(rounds))
+        )
+        for r in range(n)
+    ]
+    return torch.from_numpy(np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(n, -1).copy())
 
 
 class Timer:
@@ -385,20 +406,29 @@ def run_size(n: int, per: int = 8, procs: int = 4, threads: int = 8, cap_s: floa
         with timer.phase("layout (every rank)"):
             lay = layout(FakeGather(hosts), torch, torch.device("cpu"), 0)
         kind, first = schedule.schedule(len(lay.hosts))
-        first_rounds = [None, *first]
-        pass1 = CheckIn(store, "links/pass1")
-        pass1.post(0, records(0, per, partners(first_rounds), 0))
-        setup["links/pass1"] = writers.wave("links/pass1", first_rounds)
-        with timer.phase("links: first pass read, plan"):
-            plan = link_stage.post_second_plan(pass1, lay, n, 60.0, kind, None)["rounds"]
-        rest = [[tuple(p) for p in rnd] for rnd in plan]
-        done = records(0, per, partners(first_rounds), 0)
-        done += records(0, per, partners(rest), len(first_rounds))
-        CheckIn(store, "links/end").post(0, {"status": {"state": "done"}, "records": done})
-        setup["links/end"] = writers.wave("links/end", first_rounds, rest)
-        with timer.phase("links: records read, assess"):
+        first_rounds, nodes, sampled = [None, *first], len(lay.hosts), kind == "sampled"
+        p2p = FakeP2P()
+        exchange = results.Exchange(p2p, torch, torch.device("cpu"), store.signer, 0, n)
+        p2p.rows = sealed_rows(store.signer, "links/pass1", n, per, first_rounds, 0)
+
+        def second(got: dict) -> list:
+            return link_stage.second_plan(lay, got, sampled=sampled, min_link_gbps=None)
+
+        size = results.plan_ints(nodes, schedule.CONFIRM_ROUNDS + schedule.SECOND_PASS * sampled)
+        mine = records(0, per, partners(first_rounds), 0)
+        with timer.phase("links: first pass gathered, plan"):
+            plan = exchange.close("links/pass1", mine, range(len(first_rounds)), second, size)
+        rest = plan.rounds
+        done = len(first_rounds)
+        p2p.rows = sealed_rows(store.signer, "links/pass2", n, per, rest, done)
+        mine = records(0, per, partners(rest), done)
+        with timer.phase("links: second pass gathered, assess"):
+            if rest:
+                span, end = range(done, done + len(rest)), results.plan_ints(nodes, 0)
+                exchange.close("links/pass2", mine, span, lambda _: [], end)
             identities = [seen[r] for r in range(n)]
-            section = link_stage.collect(store, lay, world=n, identities=identities,
+            outcome = link_stage.Outcome(lay, exchange.records)
+            section = link_stage.collect(store, outcome, world=n, identities=identities,
                                          timeout_s=60.0, started=time.monotonic(),
                                          min_link_gbps=None, judge_intra=True,
                                          nbytes=link_stage.GPU_BYTES)  # fmt: skip

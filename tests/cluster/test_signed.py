@@ -101,13 +101,14 @@ def test_check_ins_malformed_and_replayed_from_another_node_are_named(cluster):
 
 
 def test_a_link_figure_forged_from_another_node_never_reaches_the_report(cluster):
-    """Ranks by hand on ls0 and ls1 (the link stage across them); ls2 takes rank 1's slot on
-    the link board first with a record of 31337 Gb/s. Rank 0 refuses it; both exit 1."""
+    """Ranks by hand on ls0 and ls1 (the link stage across them: its readings travel by
+    collective, sealed); ls2 takes rank 1's slot on the stage's status board first with a
+    status naming 31337 Gb/s. Rank 0 refuses it; both exit 1."""
     bed = cluster
     report = bed.shared / "signed-links.json"
     board = "lockstep/preflight/./links/end"
-    record = {"peer": 0, "round": 1, "intra": False, "gbps_out": 31337.0}
-    forged = {"v": {"status": {"state": "done"}, "records": [record]}, "fresh": "0"}
+    status = {"state": "failed", "why": "round 1: waiting on rank 0: 31337 Gb/s"}
+    forged = {"v": status, "fresh": "0"}
     value = seal(OTHER_KEY, "f" * 32, f"{board}/post/1", "rank 1 on ls1", forged)
     port = PORT + 20
     actions = [

@@ -136,16 +136,19 @@ def test_a_malformed_and_a_replayed_check_in_are_named_not_believed(tmp_path):
 
 
 def test_a_forged_link_figure_never_reaches_the_report(tmp_path):
-    """Two ranks by hand with the link stage (`--links`); another process claims rank 1's
-    slot on the link board first and posts a record of 31337 Gb/s. Rank 0 refuses it in one
-    line; both ranks exit 1; no report carries the figure."""
+    """Two ranks by hand with the link stage (`--links`). The readings travel by collective,
+    sealed (tests/preflight/test_preflight_links_results.py); what is left of the stage in the
+    store is its status board, where a rank whose stage ended early says why. Another process
+    claims rank 1's slot there first and posts a status naming a figure of 31337 Gb/s (a
+    forged failure would drain a healthy node). Rank 0 refuses it in one line; both ranks exit
+    1; no report carries the figure."""
     report = tmp_path / "report.json"
     key = {"LOCKSTEP_JOB_KEY": KEY}
     args = ["--links", "--timeout", "20", "--json", str(report)]
     port, procs = by_hand(2, [0], tmp_path, args=args, per_rank_env={0: key})
     board = "lockstep/preflight/./links/end"
-    record = {"peer": 0, "round": 0, "intra": True, "gbps_out": 31337.0}
-    forged = {"v": {"status": {"state": "done"}, "records": [record]}, "fresh": "0"}
+    status = {"state": "failed", "why": "round 0: waiting on rank 0: 31337 Gb/s"}
+    forged = {"v": status, "fresh": "0"}
     claims = f"rank 1 on {socket.gethostname()}"
     value = envelope(Signer(OTHER_KEY, "f" * 32), f"{board}/post/1", claims, forged)
     actions = [

@@ -204,7 +204,7 @@ def _exchange(job: _Job, fp: dict, ignored: compare.Ignored, signer: Signer) -> 
 
 def _links(job: _Job):
     """The link stage (issue 23): every rank measures its pairs (`links.stage.run_stage`);
-    rank 0 gets (layout, stage start) to judge later, or None. On by default when the ranks
+    rank 0 gets (its `Outcome`, stage start) to judge later, or None. On by default when the ranks
     span more than one host: the layout's all-gather (hostnames, one fixed-size tensor), which
     the stage needs anyway, gives every rank the same answer (the check-in's identities are
     rank 0's alone); a single-host job stops there, one all-gather of 65 integers later.
@@ -220,7 +220,7 @@ def _links(job: _Job):
     if wanted is None and len(lay.hosts) < 2:
         return None
     started = time.monotonic()
-    lay = link_stage.run_stage(
+    outcome = link_stage.run_stage(
         dist,
         torch,
         job.device,
@@ -230,7 +230,7 @@ def _links(job: _Job):
         timeout_s=job.timeout_s,
         min_link_gbps=job.options.min_link_gbps,
     )
-    return lay, started
+    return outcome, started
 
 
 def _decide(

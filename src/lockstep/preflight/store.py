@@ -271,6 +271,10 @@ class CheckIn:
             self.store.put(f"{self.prefix}/post/{me}", {"v": value, "fresh": self._fresh})
         self.store.add(f"{self.prefix}/count")
 
+    def count(self) -> int:
+        """How many posts arrived so far (one operation)."""
+        return self.store.count(f"{self.prefix}/count")
+
     def gather(self, expected: int, deadline: float, shape=None) -> dict[int, object]:
         """Index 0: what arrived of `expected` posts by `deadline` (monotonic), each post of
         the `shape` given (else refused)."""

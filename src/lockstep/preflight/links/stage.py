@@ -8,23 +8,28 @@ with local rank i of the other (one NIC per GPU: each rail is measured; on CPU l
 only, see `layout.stage_rails`), every pair at once; a barrier keeps rounds apart. A pair runs
 every link measurement (`measure`: latency, then bandwidth with its CPU-starvation readings).
 
-Timeouts: every op is bounded by the process group's timeout (`--timeout`). Each rank posts a
-status in the store when it finishes or fails (the round and the peer it was waiting on); rank 0
-waits at most the timeout plus a grace for all of them, and names the ranks that never posted
-(a node that dropped out) instead of hanging. After the first pass its results go to rank 0,
-which posts the rest (`schedule.second_plan`): the links that looked slow measured again
-(none when nothing did), and beyond the full-matrix size the second pass (suspects paired with
-good nodes).
+Results: each pass (the first: the intra-node round and the schedule's rounds; the second: the
+rest) ends with one gather of a fixed-size sealed row per rank to rank 0 (`results`), which
+opens them and broadcasts the next pass's rounds (`schedule.second_plan`: the links that looked
+slow measured again, none when nothing did, and beyond the full-matrix size the second pass:
+suspects paired with good nodes), or the end. Nothing of a healthy stage goes through the store.
+
+Timeouts: every op is bounded by the process group's timeout (`--timeout`). A rank whose stage
+ends early (a peer failed or stalled: every other rank then fails at its next collective too)
+posts a small status in the store, the round and the peer it was waiting on; rank 0 then waits
+at most the timeout plus a grace for the others' and names the ranks that never posted (a node
+that dropped out) instead of hanging.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lockstep.preflight.lines import first_line
-from lockstep.preflight.links import measure, schedule, section
+from lockstep.preflight.links import measure, results, schedule, section
 from lockstep.preflight.links.layout import (
     Layout,
     layout_from_identities,
@@ -35,11 +40,25 @@ from lockstep.preflight.store import CheckIn, Store
 
 CPU_BYTES = 4 << 20  # 32 Mbit: 500 tbf bursts of 64 kbit on the bed; 34 ms at 1 Gbit/s
 GPU_BYTES = 256 << 20
+BOARD = "links/end"  # the statuses of the ranks whose stage ended early
+END_GRACE_S = 2.0  # rank 0 ended early: how long the others' statuses may follow its own
 FAULT_ENV = "LOCKSTEP_LINKS_FAULT"  # tests: "hang:<round>" makes this rank stop answering
 
 
 class LinkStageFailed(RuntimeError):
     """This rank's link stage ended early (a peer failed or stalled); rank 0 names who."""
+
+
+@dataclass
+class Outcome:
+    """This rank's end of the stage: the layout; on rank 0 every rank's records gathered, by
+    rank; `failed`: why this rank's stage ended early (None: every rank's results arrived),
+    `ended`: when (monotonic)."""
+
+    lay: Layout
+    records: dict[int, list[dict]] = field(default_factory=dict)
+    failed: str | None = None
+    ended: float = 0.0
 
 
 def run_stage(
@@ -54,33 +73,41 @@ def run_stage(
     nbytes: int | None = None,
     full_matrix: int | None = None,
     min_link_gbps: float | None = None,
-) -> Layout:
-    """This rank's part of the link stage; its results and status go to the store."""
+) -> Outcome:
+    """This rank's part of the link stage: its results gathered to rank 0 after each pass;
+    where the stage ends early, its status goes to the store."""
     nbytes = nbytes or stage_bytes(device)
     full = full_matrix or int(os.environ.get("LOCKSTEP_LINKS_FULL_MATRIX", schedule.FULL_MATRIX))
     rails = stage_rails(device)
-    records: list[dict] = []
-
-    def rounds(plan: list, offset: int) -> None:
-        _run_rounds(dist, torch, device, lay, rank, plan, nbytes, offset, records, rails)
-
+    world = dist.get_world_size()
+    ex = results.Exchange(dist, torch, device, store.signer, rank, world)
+    out = Outcome(lay)
     try:
         n = len(lay.hosts)
         kind, first = schedule.schedule(n, full)
-        all_rounds: list = [None, *first]  # None: the intra-node round
-        rounds(all_rounds, 0)
-        if n > 1:  # the confirmation rounds, and beyond the full matrix the second pass
-            pass1 = CheckIn(store, "links/pass1")
-            pass1.post(rank, records)
-            plan = _second_plan(
-                pass1, rank, lay, dist.get_world_size(), timeout_s, kind, min_link_gbps
-            )
-            rounds(plan, len(all_rounds))
-        status = {"state": "done"}
-    except LinkStageFailed as err:
-        status = {"state": "failed", "why": str(err)}
-    CheckIn(store, "links/end").post(rank, {"status": status, "records": records})
-    return lay
+        sampled = kind == "sampled"
+        first_rounds: list = [None, *first]  # None: the intra-node round
+        mine: list[dict] = []
+        _run_rounds(dist, torch, device, lay, rank, first_rounds, nbytes, 0, mine, rails)
+
+        def second(records: dict) -> list:
+            if n < 2:
+                return []
+            return second_plan(lay, records, sampled=sampled, min_link_gbps=min_link_gbps)
+
+        size = results.plan_ints(n, schedule.CONFIRM_ROUNDS + schedule.SECOND_PASS * sampled)
+        done = len(first_rounds)
+        plan = ex.close("links/pass1", mine, range(done), second, size)
+        if plan.rounds:  # the confirmation rounds, and beyond the full matrix the second pass
+            mine = []
+            _run_rounds(dist, torch, device, lay, rank, plan.rounds, nbytes, done, mine, rails)
+            rest = range(done, done + len(plan.rounds))
+            ex.close("links/pass2", mine, rest, lambda _: [], results.plan_ints(n, 0))
+    except (LinkStageFailed, results.Failed) as err:
+        out.failed, out.ended = str(err), time.monotonic()
+        CheckIn(store, BOARD).post(rank, {"state": "failed", "why": str(err)})
+    out.records = ex.records
+    return out
 
 
 def _run_rounds(dist, torch, device, lay, rank, rounds, nbytes, offset, records, rails) -> None:
@@ -114,55 +141,12 @@ def _fault_round() -> int | None:
     return None
 
 
-def _second_plan(
-    pass1: CheckIn,
-    rank: int,
-    lay: Layout,
-    world: int,
-    timeout_s: float,
-    kind: str,
-    min_link_gbps: float | None,
+def second_plan(
+    lay: Layout, records: dict[int, list[dict]], *, sampled: bool, min_link_gbps: float | None
 ) -> list:
-    """Rank 0 reads the first pass, posts the rest (`schedule.second_plan`: the slow links
-    again, and beyond the full matrix the second pass); the others wait for it."""
-    if rank == 0:
-        answer = post_second_plan(pass1, lay, world, timeout_s, kind, min_link_gbps)
-    else:
-        answer = pass1.await_answer(timeout_s + 10, _is_plan)
-        if answer is None:
-            raise LinkStageFailed("rank 0 posted no second-pass plan")
-    if "abort" in answer:
-        raise LinkStageFailed(f"ranks {answer['abort']} sent no first-pass results")
-    return [[tuple(p) for p in rnd] for rnd in answer["rounds"]]
-
-
-def post_second_plan(
-    pass1: CheckIn,
-    lay: Layout,
-    world: int,
-    timeout_s: float,
-    kind: str,
-    min_link_gbps: float | None,
-) -> dict:
-    """Rank 0: read every rank's first-pass records, post the rest of the schedule (or an
-    abort naming the ranks missing or refused)."""
-    got = pass1.gather(world, time.monotonic() + timeout_s, _is_records)
-    missing = [r for r in range(world) if r not in got]
-    if pass1.refused:  # a forged or malformed record: every rank ends, rank 0 names it
-        pass1.answer({"abort": sorted(pass1.refused)})
-        raise next(iter(pass1.refused.values()))
-    if missing:
-        pass1.answer({"abort": missing})
-        raise LinkStageFailed(f"ranks {missing} sent no first-pass results")
-    plan = schedule.second_plan(
-        len(lay.hosts),
-        pair_links(lay, got)[0],
-        sampled=kind == "sampled",
-        min_link_gbps=min_link_gbps,
-    )
-    answer = {"rounds": plan}
-    pass1.answer(answer)
-    return answer
+    """Rank 0, the first pass's records in: the rest of the schedule (`schedule.second_plan`)."""
+    cross = pair_links(lay, records)[0]
+    return schedule.second_plan(len(lay.hosts), cross, sampled=sampled, min_link_gbps=min_link_gbps)
 
 
 def pair_links(lay: Layout, records: dict[int, list[dict]]) -> tuple[list[dict], list[dict]]:
@@ -212,7 +196,7 @@ def pair_links(lay: Layout, records: dict[int, list[dict]]) -> tuple[list[dict],
 
 def collect(
     store: Store,
-    lay: Layout | None,
+    outcome: Outcome | None,
     *,
     world: int,
     identities: list[dict],
@@ -222,19 +206,26 @@ def collect(
     judge_intra: bool,
     nbytes: int,
 ) -> dict:
-    """Rank 0, after its own part: wait for every rank's status (at most the timeout plus a
-    grace from the stage's start), then judge what was measured (`section.assess`)."""
-    deadline = started + timeout_s + max(2.0, 0.25 * timeout_s)
-    board = CheckIn(store, "links/end")
-    ended = board.gather(world, deadline, _is_end)
-    if board.refused:  # a link figure another writer made is never judged
+    """Rank 0, after its own part: judge what was measured (`section.assess`). Where the
+    stage ended early, first every rank's status from the store (at most the timeout plus a
+    grace from the stage's start, and a grace after rank 0's own end); where it did not, the
+    board is read only when something was posted there (one operation)."""
+    board = CheckIn(store, BOARD)
+    if outcome is not None and outcome.failed is None:
+        statuses = {r: {"state": "done"} for r in range(world)}
+        if board.count():  # no rank posts on a healthy stage: a post is read, a forgery refused
+            statuses.update(board.gather(world, time.monotonic(), _is_status))
+    else:
+        deadline = started + timeout_s + max(2.0, 0.25 * timeout_s)
+        if outcome is not None:  # the others fail at the same collective: a grace for them
+            deadline = max(deadline, outcome.ended + END_GRACE_S)
+        statuses = board.gather(world, deadline, _is_status)
+    if board.refused:  # a status another writer made is never believed
         raise next(iter(board.refused.values()))
-    statuses = {r: e["status"] for r, e in ended.items()}
-    records = {r: e["records"] for r, e in ended.items()}
     silent = [r for r in range(world) if r not in statuses]
-    if lay is None:  # the layout exchange itself failed: hosts from the check-in
-        lay = layout_from_identities(identities)
-    cross, intra = pair_links(lay, records)
+    # the layout exchange itself failed: hosts from the check-in
+    lay = outcome.lay if outcome is not None else layout_from_identities(identities)
+    cross, intra = pair_links(lay, outcome.records if outcome is not None else {})
     failed = {r: s["why"] for r, s in statuses.items() if s["state"] != "done"}
     return section.assess(
         hosts=lay.hosts,
@@ -270,27 +261,10 @@ def stage_bytes(device) -> int:
     )
 
 
-def _is_records(value: object) -> bool:
-    """A rank's link records as `pair_links` reads them (else refused as malformed)."""
-    return isinstance(value, list) and all(
-        isinstance(r, dict)
-        and isinstance(r.get("peer"), int)
-        and isinstance(r.get("round"), int)
-        and isinstance(r.get("gbps_out"), int | float)
-        for r in value
-    )
-
-
-def _is_end(value: object) -> bool:
+def _is_status(value: object) -> bool:
+    """A rank's status on the board: its stage ended early, and why (else refused)."""
     return (
         isinstance(value, dict)
-        and isinstance(value.get("status"), dict)
-        and isinstance(value["status"].get("state"), str)
-        and _is_records(value.get("records"))
-    )
-
-
-def _is_plan(value: object) -> bool:
-    return isinstance(value, dict) and (
-        isinstance(value.get("abort"), list) or isinstance(value.get("rounds"), list)
+        and value.get("state") == "failed"
+        and isinstance(value.get("why"), str)
     )
