@@ -27,12 +27,15 @@ def aborted_at_exit(text: str) -> bool:
     return ABORT_SIGNATURE in text and not IN_PYTHON.search(text) and only_aborts
 
 
-# torchrun's failure summary: a block between two lines of 60 "=" (ChildFailedError.format_msg)
-SUMMARY = re.compile(r"^={60}$.*?^={60}$", re.M | re.S)
+# torchrun's failure summary (ChildFailedError.format_msg): a block between two borders of "=",
+# as wide as its longest line up to 60: a root cause whose traceback is "Signal 6 (SIGABRT)
+# received by PID 5732" gets borders of 53, which a fixed width of 60 missed (the border itself
+# was then quoted as the error line)
+SUMMARY = re.compile(r"^(={10,60})$.*?^\1$", re.M | re.S)
 
 
 ROOT_CAUSE = re.compile(
-    r"Root Cause \(first observed failure\):\n(.*?)(?=^-{60}$|^={60}$|\Z)", re.M | re.S
+    r"Root Cause \(first observed failure\):\n(.*?)(?=^-{10,60}$|^={10,60}$|\Z)", re.M | re.S
 )
 RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:")
 LAUNCHER_LINES = ("errors.html", "ChildFailedError", "elastic", "launch.py", "error_file")
