@@ -55,10 +55,17 @@ def dump_flight_recorder() -> bytes:
 
     Without the entries' C++/Python stack traces: symbolizing them imports `torch._inductor`
     (about 800 modules, 1.1-2 CPU-s a rank, every rank at its end), and lockstep's report takes
-    each rank's Python stack from faulthandler instead."""
-    import torch
+    each rank's Python stack from faulthandler instead.
 
-    dump = torch._C._distributed_c10d._dump_fr_trace
+    Under NCCL the entries are in NCCL's own recorder (`_dump_nccl_trace`): `_dump_fr_trace`
+    returned an empty dump after four completed NCCL collectives on an H200 (torch 2.11)."""
+    import torch
+    import torch.distributed as dist
+
+    c10d = torch._C._distributed_c10d
+    nccl = getattr(c10d, "_dump_nccl_trace", None)  # absent from CPU builds
+    on_nccl = dist.is_initialized() and "nccl" in str(dist.get_backend())
+    dump = nccl if nccl is not None and on_nccl else c10d._dump_fr_trace
     try:
         return dump(includeCollectives=True, includeStackTraces=False, onlyActive=False)
     except TypeError:  # a torch whose binding takes no options

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 
 import pytest
 
-from lockstep.forensics import analysis, dumps
+from lockstep.forensics import analysis, dumps, hang
 from support.flight_recorder import dump, entry, pickled
 
 HISTORY = ["all_reduce", "all_gather"] * 2  # #1..#4, every rank agrees
@@ -120,3 +121,22 @@ def test_rank_numbers_far_apart_and_ranks_text_deep():
     d[0]["pg_config"]["0"]["ranks"] = "[" * 100_000 + "0, 1, 5" + "]" * 100_000
     report = analysis.analyse(d)
     assert report.no_dump == [5]
+
+
+H200 = Path(__file__).resolve().parents[1] / "fixtures" / "h200"
+
+
+def test_an_nccl_dump_without_a_collective_is_not_judged(capsys, tmp_path):
+    """The dump `_dump_fr_trace()` gave under NCCL on an H200 (torch 2.11, after four completed
+    collectives) holds no entry: "nothing out of step" would be said of nothing (exit 4); the
+    same folder with one real collective beside it is judged again."""
+    from lockstep.cli import main
+
+    assert main(["forensics", "hang", str(H200 / "fr")]) == 4
+    out = capsys.readouterr().out
+    assert "not judged: the dumps of rank 0 hold no collective" in out
+    assert "no collective out of step" not in out
+    (tmp_path / "nccl_trace_rank_0").write_bytes((H200 / "fr" / "nccl_trace_rank_0").read_bytes())
+    (tmp_path / "nccl_trace_rank_1").write_bytes(pickled(dump(2, ["all_reduce"], completed=1)))
+    report = hang.report(tmp_path)
+    assert report.judged and report.empty == [0], report.text()

@@ -61,6 +61,15 @@ class Report:
     no_dump: list[int]
     versions: dict[int, str]
     problems: list[str] = field(default_factory=list)
+    # Ranks whose dump holds no collective at all: nothing of theirs was compared.
+    empty: list[int] = field(default_factory=list)
+
+    @property
+    def judged(self) -> bool:
+        """False when every dump read was empty: "nothing out of step" would be a promise
+        made on nothing compared (a recorder turned off, or dumped through a call that does
+        not see the backend's recorder)."""
+        return bool(self.findings) or len(self.empty) < len(self.versions)
 
     def lines(self) -> list[str]:
         out = []
@@ -73,7 +82,13 @@ class Report:
                 out.extend(f"    {ln}" for ln in stack.splitlines())
         if self.no_dump:
             out.append(f"no dump from {ranks_text(self.no_dump)} (dead, or never answered)")
-        if not self.findings:
+        if not self.judged:
+            out.append(
+                f"not judged: the dumps of {ranks_text(self.empty)} hold no collective (is the "
+                "flight recorder on? TORCH_FR_BUFFER_SIZE > 0; under NCCL its entries are in "
+                "NCCL's own recorder, torch._C._distributed_c10d._dump_nccl_trace)"
+            )
+        elif not self.findings:
             out.append("no collective out of step in the dumps")
         out.extend(f"unread: {p}" for p in self.problems)
         return out
@@ -115,7 +130,8 @@ def analyse(dumps: dict[int, dict], *, stacks: dict[int, str] | None = None,
         for f in findings:
             f.headline += f"; no dump from {ranks_text(no_dump)}"
     versions = {r: str(d.get("version", "unknown")) for r, d in sorted(dumps.items())}
-    return Report(findings, no_dump, versions, problems or [])
+    empty = [r for r, d in sorted(dumps.items()) if not d.get("entries")]
+    return Report(findings, no_dump, versions, problems or [], empty)
 
 
 @dataclass

@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "in the rank: rank_3, nccl_trace_rank_3) and say per process group and sequence number "
         "which ranks are in which collective with which sizes, which never reached it, and who "
         "is out of step. Exit 0 when nobody is, 1 when someone is, 2 when no dump could be "
-        "read or one is past the reader's bounds (docs/forensics.md).",
+        "read or one is past the reader's bounds, 4 (not judged) when every dump holds no "
+        "collective (docs/forensics.md).",
     )
     hang.add_argument("folder", type=Path, metavar="DIR", help="the folder of dumps")
     hang.add_argument(
@@ -34,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _hang(args) -> int:
-    from lockstep.errors import EXIT_FAIL, EXIT_OK, UsageError
+    from lockstep.errors import EXIT_FAIL, EXIT_NOT_JUDGED, EXIT_OK, UsageError
     from lockstep.forensics import hang
     from lockstep.forensics.bounds import MAX_RANKS, OutOfBounds, shown
 
@@ -53,4 +54,6 @@ def _hang(args) -> int:
         why = "; ".join(report.problems) or "no files named after a rank"
         raise UsageError(f"{folder}: no flight-recorder dump read ({why})")
     print(report.to_json() if args.json else report.text())
-    return EXIT_FAIL if report.findings or report.no_dump else EXIT_OK
+    if report.findings or report.no_dump:
+        return EXIT_FAIL
+    return EXIT_OK if report.judged else EXIT_NOT_JUDGED
