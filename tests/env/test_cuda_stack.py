@@ -75,3 +75,26 @@ def test_fingerprint_prints_the_cuda_difference_in_one_line():
 
 def test_nccl_version_is_none_without_nccl_in_the_build():
     assert cuda_stack.nccl_version(torch) is None  # the CPU build has no NCCL
+
+
+H200 = ROOT / "tests" / "fixtures" / "h200"
+
+
+def test_an_h200_machines_own_stack_is_named_first_against_the_cuda_lock():
+    """The fingerprint of a lent H200 (its image's torch 2.11, cuDNN 9.19, NCCL 2.28.9; 221
+    distributions) against the CUDA image's lock: the stack's differences lead, and torch is
+    the first package named among dozens that differ (it was hidden in "31 more")."""
+    import json
+
+    from lockstep.env.lockfile import describe
+
+    section = json.loads((H200 / "fingerprint.json").read_text())["sections"]
+    stack = cuda_stack.built(section["torch"])
+    lock = compare_lock(CUDA_LOCK, section["packages"]["installed"], stack)
+    pins = parse_lock(CUDA_LOCK)
+    line = describe(lock)
+    assert line.startswith(
+        f"cuDNN 9.19.0 built, {cuda_stack.cudnn_dotted(92000)} locked; "
+        f"NCCL 2.28.9 built, {pins['nvidia-nccl-cu13']} locked; "
+    ), line
+    assert f"41 different (torch 2.11.0 installed, {pins['torch']} locked, " in line, line

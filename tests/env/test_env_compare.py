@@ -93,3 +93,24 @@ def test_duplicate_gpu_on_one_host_is_reported():
 def test_differing_fields_of_identical_fingerprints_is_empty():
     fp = synthetic()
     assert differing_fields(fp, copy.deepcopy(fp), Ignored()) == []
+
+
+def test_two_h200_fingerprints_differ_in_the_one_variable_set(capsys):
+    """Two `lockstep fingerprint --json` of a lent H200, the second with NCCL_DEBUG=INFO: the
+    diff names that field alone (exit 1), and the GPU section came from NVML with the driver,
+    each device's UUID and PCI bus id."""
+    import json
+    from pathlib import Path
+
+    from lockstep.cli import main
+
+    h200 = Path(__file__).resolve().parents[1] / "fixtures" / "h200"
+    a, b = h200 / "fingerprint.json", h200 / "fingerprint-nccl-debug.json"
+    assert main(["diff", str(a), str(b)]) == 1
+    out = capsys.readouterr().out
+    assert "1 differing fields" in out and "env.NCCL_DEBUG" in out and "INFO" in out
+    gpus = json.loads(a.read_text())["sections"]["gpus"]
+    assert gpus["source"] == "nvml" and gpus["driver"] == "580.159.04"
+    (device,) = gpus["devices"]
+    assert device["name"] == "NVIDIA H200" and device["compute_capability"] == "9.0"
+    assert len(device["uuid"]) == 36 and device["pci_bus_id"].startswith("00000000:")

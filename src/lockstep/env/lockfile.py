@@ -107,10 +107,16 @@ def _same_version(a: str, b: str) -> bool:
         return a == b
 
 
+# Named first among the packages that differ: what the rest of the stack is built against.
+STACK_FIRST = ("torch", "deepspeed")
+
+
 def describe(lock: dict) -> str:
-    """`2 extra (rich 14.1.0, tqdm 4.67.1), 1 missing (numpy==2.4.6), 1 different (torch
-    2.13.0 installed, 2.12.0 locked)`: each kind's count and its first NAMED packages, then how
-    the CUDA stack torch was built with differs from the lock's (`cuda_stack`)."""
+    """`NCCL 2.28.9 built, 2.29.7 locked; 2 extra (rich 14.1.0, tqdm 4.67.1), 1 missing
+    (numpy==2.4.6), 1 different (torch 2.13.0 installed, 2.12.0 locked)`: how the CUDA stack
+    torch was built with differs from the lock's (`cuda_stack`), then each kind's count and its
+    first NAMED packages, torch and DeepSpeed first (on a GPU machine's own image the other
+    differences run to dozens, and these are the ones that matter)."""
     kinds = (
         ("extra", lambda name, v: f"{name} {v}"),
         ("missing", lambda name, v: f"{name}=={v}"),
@@ -124,10 +130,11 @@ def describe(lock: dict) -> str:
         found = lock[kind]
         if not found:
             continue
-        named = [show(name, found[name]) for name in list(found)[:NAMED]]
+        order = sorted(found, key=lambda name: name not in STACK_FIRST)  # stable otherwise
+        named = [show(name, found[name]) for name in order[:NAMED]]
         more = f" and {len(found) - NAMED} more" if len(found) > NAMED else ""
         parts.append(f"{len(found)} {kind} ({', '.join(named)}{more})")
     said = [", ".join(parts)] if parts else []
-    return "; ".join(said + list(cuda_stack.differences(lock.get("cuda_stack")))) or (
+    return "; ".join(list(cuda_stack.differences(lock.get("cuda_stack"))) + said) or (
         "no difference"
     )
