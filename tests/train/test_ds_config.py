@@ -72,3 +72,20 @@ def test_generated_configs_resolve_every_auto():
         ds = generate(cfg, 2, "cuda", build_model(cfg.model, 0))
         assert problems(ds, 2) == [], (engine, problems(ds, 2))
         assert ds["zero_optimization"]["stage"] == stage
+
+
+def test_an_arch_suffix_deepspeed_cannot_build_for_is_named_with_the_fix():
+    """A lent H200's image sets TORCH_CUDA_ARCH_LIST=9.0a; DeepSpeed 0.19.8's op builder then
+    ends every ZeRO engine in `ValueError: invalid literal for int() ... '0a'`. The ZeRO engine
+    refuses it on a GPU first, in one line that says what to set."""
+    from lockstep.train.deepspeed_config import arch_list_problem
+
+    assert arch_list_problem(None) is None
+    assert arch_list_problem("9.0") is None
+    assert arch_list_problem("8.0 8.6+PTX;9.0") is None
+    said = arch_list_problem("9.0a")
+    assert said == (
+        "TORCH_CUDA_ARCH_LIST='9.0a': DeepSpeed cannot build its CUDA ops for '9.0a' "
+        "(an arch suffix); run with TORCH_CUDA_ARCH_LIST='9.0'"
+    )
+    assert arch_list_problem("9.0;10.0a").endswith("TORCH_CUDA_ARCH_LIST='9.0;10.0'")

@@ -9,6 +9,7 @@ resolved the way the transformers integration resolves it. `problems` is the val
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -269,3 +270,23 @@ def check_file(path: str, world_size: int) -> int:
     if not found:
         print(f"{path}: ok for world size {world_size}")
     return EXIT_FAIL if found else EXIT_OK
+
+
+# An entry of TORCH_CUDA_ARCH_LIST that DeepSpeed's op builder can read: `9.0`, `8.6+PTX`.
+_DS_ARCH = re.compile(r"\d+\.\d+(\+PTX)?")
+
+
+def arch_list_problem(value: str | None) -> str | None:
+    """Why DeepSpeed cannot JIT-build its CUDA ops (FusedAdam, CPUAdam) under this
+    TORCH_CUDA_ARCH_LIST, or None. Its builder reads each entry as integers, so an arch with a
+    suffix (`9.0a`, which NVIDIA's Hopper images set) ends every ZeRO engine in a ValueError
+    deep inside `deepspeed.initialize` (seen on an H200 with DeepSpeed 0.19.8)."""
+    entries = [e for e in (value or "").replace(" ", ";").split(";") if e]
+    odd = [e for e in entries if not _DS_ARCH.fullmatch(e)]
+    if not odd:
+        return None
+    plain = ";".join(dict.fromkeys(re.sub(r"[a-z]+$", "", e) for e in entries))
+    return (
+        f"TORCH_CUDA_ARCH_LIST={value!r}: DeepSpeed cannot build its CUDA ops for {odd[0]!r} "
+        f"(an arch suffix); run with TORCH_CUDA_ARCH_LIST={plain!r}"
+    )

@@ -26,6 +26,13 @@ CONVERT_TIMEOUT_S = 1800
 OPTIMIZER_KEYS = ("exp_avg", "exp_avg_sq")
 
 
+def _adam_ops_prebuilt() -> bool:
+    """DeepSpeed installed with its Adam ops built (DS_BUILD_OPS=1): nothing is JIT-built."""
+    from deepspeed.git_version_info import installed_ops
+
+    return bool(installed_ops.get("fused_adam") and installed_ops.get("cpu_adam"))
+
+
 class ZeroEngine(Engine):
     gradients_sharded = True  # every ZeRO stage partitions the fp32 gradients it steps with
 
@@ -36,6 +43,9 @@ class ZeroEngine(Engine):
         deepspeed.utils.logger.setLevel(logging.WARNING)
         self.name = cfg.engine.name
         device = ctx.device.type
+        problem = deepspeed_config.arch_list_problem(os.environ.get("TORCH_CUDA_ARCH_LIST"))
+        if device == "cuda" and problem and not _adam_ops_prebuilt():
+            raise UsageError(problem)
         if cfg.engine.ds_config:
             ds = deepspeed_config.load_user_config(cfg, ctx.world_size, model)
             ds.setdefault(
