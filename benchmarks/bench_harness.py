@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ from lockstep.train.trainer import Trainer
 def bench_config(args, engine: str, device: str) -> dict:
     return {
         "device": device,
+        "precision": args.precision or ("bf16" if device == "cuda" else "fp32"),
         "steps": 10_000,
         "model": {"preset": args.preset},
         "data": {"seq_len": args.seq_len},
@@ -77,15 +79,20 @@ class MinimalLoop:
             )
             return
         self.ds = None
+        amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        self.autocast = contextlib.nullcontext
         if name == "ddp":
             self.model = torch.nn.parallel.DistributedDataParallel(model.to(device))
             self.no_sync = self.model.no_sync
+            if amp is not None:  # as torch's AMP recipe: autocast around the forward
+                self.autocast = lambda: torch.autocast(device.type, dtype=amp)
         else:
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+            mp = {} if amp is None else {"mp_policy": MixedPrecisionPolicy(amp, torch.float32)}
             for block in block_modules(model):
-                fully_shard(block)
-            self.model = fully_shard(model)
+                fully_shard(block, **mp)
+            self.model = fully_shard(model, **mp)
             self.no_sync = None
         self.opt = torch.optim.AdamW(
             self.model.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
@@ -106,7 +113,8 @@ class MinimalLoop:
                 self.model.set_requires_gradient_sync(last)
             ctx = contextlib.nullcontext() if last or self.no_sync is None else self.no_sync()
             with ctx:
-                loss = causal_lm_loss(self.model, batch.to(self.device)) / len(batches)
+                with self.autocast():
+                    loss = causal_lm_loss(self.model, batch.to(self.device)) / len(batches)
                 loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip.max_norm)
         if hasattr(norm, "full_tensor"):
@@ -185,6 +193,19 @@ def bench_engine(engine: str, device: torch.device, args, out: Path) -> dict:
     }
 
 
+def print_row(r: dict, peak_tflops: float, world: int) -> None:
+    overhead = r["a_s"] / r["b_s"] - 1
+    share = r["bookkeeping_s"] / r["b_s"]
+    print(
+        f"{r['engine']:8} {r['a_s']:10.4f} {r['b_s']:10.4f} {overhead:+13.1%} "
+        f"{r['bookkeeping_s'] * 1e3:15.2f} {share:10.1%} {r['tokens_per_s']:9.0f}"
+    )
+    if peak_tflops:  # 6 N FLOPs per token (no attention term), over all devices
+        mfu = 6 * r["n_params"] * r["tokens_per_s"] / (peak_tflops * 1e12 * world)
+        print(f"{'':8} MFU {mfu:.2%} ({r['n_params'] / 1e6:.1f} M parameters)")
+    sys.stdout.flush()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", default="ddp,fsdp,zero1,zero2,zero3")
@@ -193,6 +214,9 @@ def main() -> None:
     parser.add_argument("--preset", default="gpt2-tiny", help="or gpt2-small-bench (GPU)")
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--micro", type=int, default=8)
+    parser.add_argument(
+        "--precision", choices=["fp32", "bf16"], help="default: bf16 on a GPU, fp32 on the CPU"
+    )
     parser.add_argument("--wandb", default="offline", choices=["offline", "disabled"])
     parser.add_argument(
         "--pair",
@@ -212,32 +236,26 @@ def main() -> None:
     device = torch.device("cuda", local) if on_gpu else torch.device("cpu")
     if on_gpu:
         torch.cuda.set_device(device)
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for engine in args.engines.split(","):
-            rows.append(bench_engine(engine, device, args, Path(tmp)))
-    if dist.get_rank() == 0:
+    rank0 = dist.get_rank() == 0
+    if rank0:
         name = torch.cuda.get_device_name(device) if on_gpu else f"CPU ({os.cpu_count()} cores)"
-        shape = f"{args.preset}, seq {args.seq_len}, micro {args.micro} x accum 2"
+        precision = args.precision or ("bf16" if on_gpu else "fp32")
+        shape = f"{args.preset}, {precision}, seq {args.seq_len}, micro {args.micro} x accum 2"
         print(
             f"\n{name}, {dist.get_world_size()} ranks, {shape}, wandb {args.wandb}, "
             f"medians of {args.rounds * args.block} steps, A-B: {args.pair}"
         )
         print(
             f"{'engine':8} {'A s':>10} {'B s':>10} {'A/B overhead':>13} "
-            f"{'bookkeeping ms':>15} {'its share':>10} {'tokens/s':>9}"
+            f"{'bookkeeping ms':>15} {'its share':>10} {'tokens/s':>9}",
+            flush=True,
         )
-        for r in rows:
-            overhead = r["a_s"] / r["b_s"] - 1
-            share = r["bookkeeping_s"] / r["b_s"]
-            print(
-                f"{r['engine']:8} {r['a_s']:10.4f} {r['b_s']:10.4f} {overhead:+13.1%} "
-                f"{r['bookkeeping_s'] * 1e3:15.2f} {share:10.1%} {r['tokens_per_s']:9.0f}"
-            )
-            if args.peak_tflops:  # 6 N FLOPs per token (no attention term), over all devices
-                flops = 6 * r["n_params"] * r["tokens_per_s"]
-                peak = args.peak_tflops * 1e12 * dist.get_world_size()
-                print(f"{'':8} MFU {flops / peak:.1%} ({r['n_params'] / 1e6:.1f} M parameters)")
+    with tempfile.TemporaryDirectory() as tmp:
+        for engine in args.engines.split(","):
+            # each row as soon as it is measured: an engine that fails later loses no figure
+            row = bench_engine(engine, device, args, Path(tmp))
+            if rank0:
+                print_row(row, args.peak_tflops, dist.get_world_size())
     dist.destroy_process_group()
 
 

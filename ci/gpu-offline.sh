@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# The GPU checks of issue 40 on an offline machine with one GPU and a Python of its own
+# (torch, transformers, pytest there; lockstep's other needs carried as wheels in .whl/, made
+# with `pip download --python-version 3.12 ...` and DeepSpeed's sdist built with DS_BUILD_OPS=0).
+# Each step has a time limit and the whole run a budget (BUDGET seconds); a step that fails or
+# runs out is logged and the next one runs. Everything lands in $OUT: log.txt (all output) and
+# artifacts.tgz (fingerprints, preflight report, golden, gate results, flight-recorder dump,
+# benchmark output, JUnit of the smoke tier).
+#   OUT=/tmp/gpu-out BUDGET=500 bash ci/gpu-offline.sh
+set -u
+OUT=${OUT:-/tmp/gpu-out}
+BUDGET=${BUDGET:-500}
+START=$(date +%s)
+A=$(mktemp -d)
+LOG="$OUT/log.txt"
+mkdir -p "$OUT"
+exec > >(tee -a "$LOG") 2>&1
+
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+
+# step NAME LIMIT CMD...: run CMD with at most LIMIT seconds (less if the budget is short)
+step() {
+  local name=$1 limit=$2 rest t0 rc
+  shift 2
+  rest=$(left)
+  if [ "$rest" -lt 25 ]; then
+    echo "=== $name: NOT RUN (budget spent)"
+    return
+  fi
+  [ "$limit" -gt "$rest" ] && limit=$rest
+  echo "=== $name (limit ${limit}s) at $(date +%T)"
+  t0=$(date +%s)
+  timeout -k 10 "$limit" "$@"
+  rc=$?
+  echo "=== $name: rc=$rc in $(($(date +%s) - t0))s"
+}
+
+finish() {
+  tar -czf "$OUT/artifacts.tgz" -C "$A" . 2>/dev/null
+  rm -rf "$A"
+}
+trap finish EXIT
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH="$PWD/src:/tmp/site" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1
+# DeepSpeed's op builder cannot read an arch suffix (the image's own `9.0a`): lockstep's ZeRO
+# engine refuses it in one line (deepspeed_config.arch_list_problem); build for plain 9.0.
+ARCHS=${TORCH_CUDA_ARCH_LIST:-9.0}
+export TORCH_CUDA_ARCH_LIST=${ARCHS//a/} MAX_JOBS=${MAX_JOBS:-16}
+export WANDB_MODE=offline WANDB_DIR="$A/wandb"
+mkdir -p "$WANDB_DIR"
+
+echo "=== versions"
+nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv
+python3 - <<'EOF'
+import platform, deepspeed, numpy, pydantic, torch, transformers, wandb
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
+      "cudnn", torch.backends.cudnn.version(), "nccl", ".".join(map(str, torch.cuda.nccl.version())))
+print("deepspeed", deepspeed.__version__, "transformers", transformers.__version__,
+      "numpy", numpy.__version__, "pydantic", pydantic.__version__, "wandb", wandb.__version__)
+print("device", torch.cuda.get_device_name(0), torch.cuda.get_device_capability(0))
+EOF
+
+# DeepSpeed's FusedAdam (ZeRO on a GPU) and CPUAdam (optimizer offload) are JIT builds: start
+# them now, beside the steps that do not time anything, so the timed steps find them built.
+python3 -c "from deepspeed.ops.op_builder import FusedAdamBuilder as F, CPUAdamBuilder as C
+F().load(); C().load(); print('deepspeed ops built')" >"$A/ds-build.log" 2>&1 &
+BUILD=$!
+
+# 1. preflight on NCCL, NVML fields, matmul checksum; fingerprints and their diff; the lock
+step preflight 90 lockstep preflight --nproc 1 --json "$A/preflight.json"
+step fingerprint 60 lockstep fingerprint --json "$A/fp.json"
+step fingerprint-nccl-debug 60 env NCCL_DEBUG=INFO lockstep fingerprint --json "$A/fp-debug.json"
+step diff 30 lockstep diff "$A/fp.json" "$A/fp-debug.json"
+step fingerprint-lock 60 lockstep fingerprint --lock requirements/cuda.txt
+python3 - "$A/fp.json" <<'EOF'
+import json, sys
+fp = json.load(open(sys.argv[1]))
+def walk(d, p=""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            walk(v, f"{p}{k}.")
+        elif any(w in (p + k).lower() for w in ("gpu", "nvml", "cuda", "nccl", "driver", "matmul", "pci", "uuid", "cudnn")):
+            print(f"  {p}{k} = {str(v)[:100]}")
+walk(fp)
+EOF
+
+# 5. a one-rank NCCL flight-recorder dump, read back by lockstep forensics
+mkdir -p "$A/fr"
+cat >"$A/fr.py" <<'EOF'
+import os, sys, torch, torch.distributed as dist
+from lockstep.compat import dump_flight_recorder
+dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
+x = torch.ones(1024, device="cuda")
+dist.all_reduce(x)
+dist.broadcast(torch.arange(64, device="cuda", dtype=torch.float32), 0)
+out = [torch.empty(256, device="cuda")]
+dist.all_gather(out, torch.full((256,), 2.0, device="cuda"))
+dist.barrier()
+torch.cuda.synchronize()
+open(os.path.join(sys.argv[1], "nccl_trace_rank_0"), "wb").write(dump_flight_recorder())
+dist.destroy_process_group()
+EOF
+step fr-dump 60 env TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_FR_BUFFER_SIZE=2000 \
+  torchrun --standalone --nproc-per-node 1 "$A/fr.py" "$A/fr"
+step fr-read 30 lockstep forensics hang "$A/fr"
+
+# 2a. the smoke tier on ddp (no DeepSpeed op needed)
+step smoke-ddp 150 python3 -m pytest -p no:cacheprovider -m smoke -rs -q \
+  tests/checks/test_gpu_tiers.py -k ddp --junitxml "$A/smoke-ddp.xml"
+
+echo "=== waiting for DeepSpeed's op builds (left: $(left)s)"
+wait "$BUILD"
+tail -3 "$A/ds-build.log"
+
+# 3. throughput and MFU against a plain torch loop, same model and batch (989: bf16 dense)
+step bench 110 torchrun --standalone --nproc-per-node 1 benchmarks/bench_harness.py \
+  --engines ddp,fsdp,zero3 --preset gpt2-small-bench --seq-len 128 --micro 16 \
+  --rounds 5 --block 10 --peak-tflops 989
+
+# 2b. the smoke tier on zero3 (optimizer and parameters offloaded)
+step smoke-zero3 120 python3 -m pytest -p no:cacheprovider -m smoke -rs -q \
+  tests/checks/test_gpu_tiers.py -k zero3 --junitxml "$A/smoke-zero3.xml"
+
+# 2c. the other engines, as far as the budget goes
+step smoke-rest 200 python3 -m pytest -p no:cacheprovider -m smoke -rs -q \
+  tests/checks/test_gpu_tiers.py -k "fsdp or zero1 or zero2" --junitxml "$A/smoke-rest.xml"
+
+# 4. a GPU gate: a golden of 10 repeats (3 gave a 29% threshold on an H200), an A/A check, a
+# planted 10% slowdown
+G=(--nproc 1 --dir "$A/gates" --set 'data.factory="planted_slowdown:planted"')
+export PYTHONPATH="$PYTHONPATH:$PWD/benchmarks"
+step gate-record 240 lockstep gate record gpu-ddp smoke/gpu-ddp.toml "${G[@]}" --repeats 10
+step gate-check-aa 50 lockstep gate check gpu-ddp smoke/gpu-ddp.toml "${G[@]}" \
+  --json "$A/gate-aa.json"
+WAIT=$(python3 - "$A/gates" <<'EOF'
+import glob, json, sys
+for f in glob.glob(f"{sys.argv[1]}/*/*.json"):
+    print(round(0.10 * json.load(open(f))["perf"]["step_time_s"]["center"], 6))
+    break
+else:
+    print(0)
+EOF
+)
+echo "planted wait per step: ${WAIT}s"
+step gate-check-slow 50 env PLANTED_WAIT_S="$WAIT" PLANTED_EVERY=32 lockstep gate check \
+  gpu-ddp smoke/gpu-ddp.toml "${G[@]}" --json "$A/gate-slow.json"
+
+echo "=== done at $(date +%T), $(($(date +%s) - START))s"
