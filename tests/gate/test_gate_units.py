@@ -527,3 +527,43 @@ def test_ab_never_passes_a_broken_run_or_nothing_compared():
     assert ab.verdict(ab.health(flat_base, sound)) == "not_judged"
     bare = [Run([{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.0}])] * 2
     assert ab.judge(bare, bare, 0.05, 0.01) == []
+
+
+H200 = Path(__file__).resolve().parents[1] / "fixtures" / "h200"
+
+
+def _h200_rows(slower: float = 1.0) -> str:
+    """The H200 golden's own rows (median of its 3 repeats) as a run's metrics.jsonl, each step
+    `slower` times as long."""
+    (path,) = (H200 / "gates" / "gpu-ddp").glob("*.json")
+    rows = json.loads(path.read_text())["rows"]
+    out = []
+    for row in rows:
+        row = {k: v for k, v in row.items() if k != "spread"}
+        row["step_time_s"] *= slower
+        row["tokens_per_s"] /= slower
+        out.append(json.dumps(row) + "\n")
+    return "".join(out)
+
+
+def test_the_h200_gpu_gate_judges_as_it_did_on_the_gpu(tmp_path, capsys):
+    """The golden `gate record` wrote on a lent H200 (smoke/gpu-ddp.toml, bf16, 3 repeats
+    bitwise identical): its 9.8% step-time spread gives a 29.3% threshold, so an unchanged run is
+    not judged (exit 4, as `gate check` said there) and the planted slowdown, +41.9% there, fails
+    (exit 1); the curves are exact and pass."""
+    (path,) = (H200 / "gates" / "gpu-ddp").glob("*.json")
+    g = json.loads(path.read_text())
+    assert g["env"]["key_fields"]["device"] == "NVIDIA H200"
+    assert all(c["exact"] for c in g["curves"].values())
+    assert g["perf"]["step_time_s"]["threshold_rel"] == pytest.approx(0.2926, abs=1e-4)
+    same, slow = tmp_path / "same.jsonl", tmp_path / "slow.jsonl"
+    same.write_text(_h200_rows())
+    slow.write_text(_h200_rows(1.419))
+    assert main(["gate", "compare", str(path), str(same)]) == 4
+    out = capsys.readouterr().out
+    assert "not judged: its threshold 29.3%" in out and "30 steps within exact" in out
+    assert main(["gate", "compare", str(path), str(slow)]) == 1
+    assert "worse: " in capsys.readouterr().out
+    aa = json.loads((H200 / "gate-aa.json").read_text())
+    slowed = json.loads((H200 / "gate-slow.json").read_text())
+    assert (aa["verdict"], slowed["verdict"]) == ("not_judged", "fail")
