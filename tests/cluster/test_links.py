@@ -147,8 +147,13 @@ def unhog(procs: list) -> None:
 
 def test_slow_node_named_while_the_machine_is_loaded(bed4):
     """Three busy loops on this 2-core machine beside the ranks: ls2's transfers at a fifth of
-    the rate wait on tc, not on a CPU, so they are judged and ls2 named; a clean link starved in
-    every transfer may go unjudged, never named."""
+    the rate are paced by tc, yet their ends, woken for every tbf burst, wait for a CPU too
+    (10-70% of a transfer on this bed, now and then all of a direction's transfers: in CI, -n 3
+    beside it, ls2-ls3 was left unjudged as CPU-starved). Starvation slows a transfer by at
+    most the time waited, so such a link is judged unless its waits could explain its reading
+    (its ceiling, the reading with the waits taken off, reaches the bar less the margin): ls2
+    is named on its other links whatever happens to one, no clean link is named, and a link of
+    ls2 left unjudged says so, starved, with that ceiling (no bound: waits as long as it)."""
     bed4.rate_limit(2, fifth(bed4.link_rate), burst=LINK_BURST)
     busy = hogs(bed4, 1, 3)
     try:
@@ -161,7 +166,12 @@ def test_slow_node_named_while_the_machine_is_loaded(bed4):
     assert [s["host"] for s in links["slow_nodes"]] == ["ls2"], links
     assert links["slow_links"] == [] and exclude == "ls2"
     assert data["finding"] == "slow_node"
-    assert all("ls2" not in x["hosts"] for x in links["not_judged"]), links["not_judged"]
+    (node,) = links["slow_nodes"]
+    assert node["slow_links"] >= 2 and node["confirmed_links"] >= 1, node
+    for x in links["not_judged"]:
+        if "ls2" in x["hosts"]:
+            ceiling, cut = x["gbps_ceiling"], x["threshold_gbps"] - x["min_margin_gbps"]
+            assert x["why"] == "starved" and (ceiling is None or ceiling >= cut), x
 
 
 def _rank_pid(proc) -> int | None:

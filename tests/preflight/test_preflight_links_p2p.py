@@ -21,6 +21,7 @@ FIELDS = {
     "starved_reps",
     "extra_reps",
     "starved",
+    "gbps_ceiling_out",
     "cpu_wait_known",
 }
 
@@ -52,3 +53,7 @@ def test_a_pair_measures_through_batches_only_with_finite_readings(rank):
         assert math.isfinite(record[field]) and record[field] > 0, (field, record)
     assert record["gbps_low_out"] <= record["gbps_out"]
     assert record["reps"] >= 2
+    # the most the link could be without the CPU waits: only for a direction always starved,
+    # and never below what it read (None: waits as long as a transfer, no bound)
+    ceiling = record["gbps_ceiling_out"]
+    assert ceiling is None or (record["starved"] and ceiling >= record["gbps_out"]), record

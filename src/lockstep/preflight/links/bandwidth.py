@@ -8,8 +8,13 @@ the same two-float tensor (a message of its own, so that no /proc read falls in 
 span), and the sender knows both ends'. A transfer whose ends together waited more than
 `stats.STARVED_FRACTION` of it is starved; while every transfer of a direction was, the sender
 asks for another (a one-float message says whether one comes), up to `EXTRA_REPS` more. A
-direction starved in every transfer is recorded as such, and the verdict leaves it unjudged
-rather than calling the link slow. Where /proc is unreadable the wait is unknown: not starved.
+direction starved in every transfer is recorded as such, with the most its link could be
+(`gbps_ceiling_out`: starvation slows a transfer by at most the time waited, so a transfer
+less its ends' waits took no longer than the link alone would have; the best of those bounds).
+The verdict leaves such a direction unjudged rather than calling the link slow, unless even
+that ceiling is clearly slow (`stats.judgeable`): waits that overlapped a slow link's own pace
+(a tc-shaped link wakes its receiver for every burst) cannot explain a reading that far down.
+Where /proc is unreadable the wait is unknown: not starved.
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ STARVED_PAUSE_S = 0.02  # the sender's pause before each of those: a burst of lo
 
 def bandwidth(pair: Pair) -> dict:
     """This rank's send bandwidth to its peer (`gbps_out`) with its transfers' CPU waits
-    (`reps`, `starved_reps`, `extra_reps`, `starved`, `cpu_wait_known`). Both directions run,
-    the lower rank sending first; each side keeps the direction it sent."""
+    (`reps`, `starved_reps`, `extra_reps`, `starved`, `gbps_ceiling_out`, `cpu_wait_known`).
+    Both directions run, the lower rank sending first; each side keeps the direction it sent."""
     buffers = _Buffers(pair)
     first_out = _one_way(pair, buffers, pair.first)
     second_out = _one_way(pair, buffers, not pair.first)
@@ -37,8 +42,14 @@ def bandwidth(pair: Pair) -> dict:
     return {
         "gbps_out": round(pair.nbytes * 8 / sent["seconds"] / 1e9, 4),
         "gbps_low_out": round(pair.nbytes * 8 / sent["slowest"] / 1e9, 4),
-        **{k: v for k, v in sent.items() if k not in ("seconds", "slowest")},
+        "gbps_ceiling_out": _gbps(pair.nbytes, sent["unstarved"]) if sent["starved"] else None,
+        **{k: v for k, v in sent.items() if k not in ("seconds", "slowest", "unstarved")},
     }
+
+
+def _gbps(nbytes: int, seconds: float) -> float | None:
+    """`nbytes` in `seconds` as Gb/s; None for no time left (no bound)."""
+    return round(nbytes * 8 / seconds / 1e9, 4) if seconds > 0 else None
 
 
 class _Buffers:
@@ -84,8 +95,11 @@ def _one_way(pair: Pair, buf: _Buffers, sending: bool) -> dict:
     decides and says so (`flag`) after each from the REPS-th on. The best of them all:
     starvation only slows a transfer, so a starved one faster than the rest still bounds the
     link's speed from below; `starved` only when every one was. The slowest too (`slowest`):
-    how far the repeats spread, so that a noisy reading is not judged (`verdict`)."""
+    how far the repeats spread, so that a noisy reading is not judged (`verdict`). And the
+    least time a starved transfer took less its ends' CPU waits (`unstarved`, 0 where they
+    were as long as it): the link alone would have taken at least that long."""
     best, slowest, reps, starved, least, known = math.inf, 0.0, 0, 0, math.inf, False
+    unstarved = math.inf
     while True:
         if sending and reps >= REPS:
             time.sleep(STARVED_PAUSE_S)
@@ -98,6 +112,7 @@ def _one_way(pair: Pair, buf: _Buffers, sending: bool) -> dict:
             if frac is not None and frac > STARVED_FRACTION:
                 starved += 1
                 least = min(least, frac)
+                unstarved = min(unstarved, max(0.0, elapsed * (1 - frac)))
         if reps < REPS:
             continue
         if sending:
@@ -112,6 +127,7 @@ def _one_way(pair: Pair, buf: _Buffers, sending: bool) -> dict:
     return {
         "seconds": best,
         "slowest": slowest,
+        "unstarved": unstarved,
         "reps": reps,
         "starved_reps": starved,
         "extra_reps": reps - REPS,

@@ -29,8 +29,16 @@ class Pair:
             self.torch.cuda.synchronize(self.device)
 
     def floats(self, n: int, value: float = 0.0):
-        """A float32 tensor of `n` elements on this rank's device."""
-        return self.torch.full((n,), value, dtype=self.torch.float32, device=self.device)
+        """A float32 tensor of `n` elements on this rank's device. On CPU filled by numpy, on
+        one thread: torch fills a large tensor on its OpenMP threads, and a worker then spins
+        for work for milliseconds of CPU, into the first timed transfer; on a loaded machine
+        it waited 30-60 ms for a CPU there, summed into the rank's CPU wait (`bandwidth`):
+        the first transfer of a pair read as starved half the time, its rank asleep in it."""
+        if self.device.type != "cpu":
+            return self.torch.full((n,), value, dtype=self.torch.float32, device=self.device)
+        import numpy as np
+
+        return self.torch.from_numpy(np.full(n, value, dtype=np.float32))
 
     def send(self, tensor) -> None:
         self._batch(sends=(tensor,))

@@ -37,6 +37,7 @@ _CORE = (
     ("starved_reps", "int"),
     ("extra_reps", "int"),
     ("starved", "float"),
+    ("gbps_ceiling_out", "float"),
     ("cpu_wait_known", "bool"),
 )
 _NONE = 0x7FF4_0000_DEAD_BEEF  # a signalling NaN's bits: None (no arithmetic yields it)

@@ -11,6 +11,7 @@ from lockstep.launch.hostlist import compress
 from lockstep.preflight.lines import ranges
 from lockstep.preflight.links.schedule import FULL_MATRIX
 from lockstep.preflight.links.stats import (
+    MIN_MARGIN,
     STARVED_FRACTION,
     best_of,
     judgeable,
@@ -187,7 +188,7 @@ def _rail(
     judged, unjudged, bar = judgeable(n, mine, min_link_gbps)
     v = judge(n, judged, min_link_gbps=min_link_gbps, dropped=silent_nodes, pairs_merged=True)
     for x in unjudged:
-        _not_judged(nodes, rail, x, bar["typical"], found)
+        _not_judged(nodes, rail, x, bar, found)
     for x in v["not_judged"]:
         _in_doubt(nodes, rail, x, v, found)
     for s in v["slow_nodes"]:
@@ -221,14 +222,27 @@ def _link_row(nodes: _Nodes, rail: int, x: dict, typical: float) -> dict:
     }
 
 
-def _not_judged(nodes: _Nodes, rail: int, x: dict, typical: float, found: _Findings) -> None:
+def _not_judged(nodes: _Nodes, rail: int, x: dict, bar: dict, found: _Findings) -> None:
+    """A starved link below the bar whose waits could explain it (`stats.judgeable`): its
+    ceiling (None: no bound) reaches the threshold less the margin."""
     a, b = x["a"], x["b"]
-    row = _link_row(nodes, rail, x, typical)
-    found.not_judged.append(row | {"starved": rounded(x["starved"]), "why": "starved"})
+    typical, ceiling = bar["typical"], x.get("gbps_ceiling")
+    found.not_judged.append(
+        _link_row(nodes, rail, x, typical)
+        | {
+            "starved": rounded(x["starved"]),
+            "why": "starved",
+            "gbps_ceiling": rounded(ceiling),
+            "threshold_gbps": rounded(bar["threshold"]),
+            "min_margin_gbps": rounded(MIN_MARGIN * typical),
+        }
+    )
+    most = "no bound" if ceiling is None else f"up to {rounded(ceiling)}"
     found.warnings.append(
         f"link {nodes.who(a, rail)} <-> {nodes.who(b, rail)} not judged: CPU-starved, its ends "
         f"waited for a CPU {x['starved']:.0%} of the transfer in every measurement "
-        f"({rounded(x['gbps'])} Gb/s measured, typical {rounded(typical)} Gb/s)"
+        f"({rounded(x['gbps'])} Gb/s measured, {most} without those waits, typical "
+        f"{rounded(typical)} Gb/s)"
     )
 
 

@@ -185,11 +185,13 @@ def pair_links(lay: Layout, records: dict[int, list[dict]]) -> tuple[list[dict],
         # from a direction starved in every transfer (an unstarved one as slow settles it).
         trusted = [d["gbps_out"] for d in dirs.values() if not d.get("starved")]
         if not trusted or min(trusted) > link["gbps"]:
-            link["starved"] = max(
-                d["starved"]
-                for d in dirs.values()
-                if d.get("starved") and d["gbps_out"] == link["gbps"]
-            )
+            setting = [
+                d for d in dirs.values() if d.get("starved") and d["gbps_out"] == link["gbps"]
+            ]
+            link["starved"] = max(d["starved"] for d in setting)
+            # the most the link could be (`bandwidth`): none where a direction has no bound
+            ceilings = [d.get("gbps_ceiling_out") for d in setting]
+            link["gbps_ceiling"] = None if None in ceilings else max(ceilings)
         (intra if entry["intra"] else cross).append(link)
     return cross, intra
 

@@ -15,7 +15,12 @@ when every measurement of it was (its best reading then says only that the link 
 that fast). A starved link at or above the threshold of the unstarved links (of the starved
 readings themselves where every link of a rail was starved) is a lower bound above it and is
 judged with them; one below it is reported as not judged (`not_judged`, a warning), never as a
-slow link or node, and does not fail the run. The confirmation rounds measure those again too.
+slow link or node, and does not fail the run, unless its waits cannot explain it: a starved
+link also carries the most it could be without them (`gbps_ceiling`: starvation slows a
+transfer by at most the time waited), and one whose ceiling is itself at least MIN_MARGIN x
+typical below the threshold is slow whatever the CPU did (a tc-shaped link at a fifth of the
+rest, its ends woken for every burst on a loaded machine, waited for a CPU half its transfers
+and was left unjudged). The confirmation rounds measure those again too.
 """
 
 from __future__ import annotations
@@ -122,11 +127,17 @@ def judgeable(
     """(the links judged, those starved below the bar, the bar: `starved_bar`). A starved
     reading is a lower bound on its link: one at or above the bar of the unstarved readings is
     judged with them (left out, a loaded machine's starved fast links would leave a slow
-    node's links to set the typical, and nothing is named or measured again)."""
+    node's links to set the typical, and nothing is named or measured again). One below it
+    whose ceiling (`gbps_ceiling`, None: no bound) is clearly slow too is judged: its waits
+    cannot have made it slow."""
     bar = starved_bar(n, links, min_link_gbps)
+    cut = bar["threshold"] - MIN_MARGIN * bar["typical"]  # NaN: no ceiling is below it
     judged, unjudged = [], []
     for x in links:
-        (unjudged if x.get("starved") and x["gbps"] < bar["threshold"] else judged).append(x)
+        ceiling = x.get("gbps_ceiling")
+        doubt = x.get("starved") and x["gbps"] < bar["threshold"]
+        doubt = doubt and not (ceiling is not None and ceiling < cut)
+        (unjudged if doubt else judged).append(x)
     return judged, unjudged, bar
 
 
@@ -137,9 +148,9 @@ def best_of(links: Sequence[dict]) -> list[dict]:
     Contention for a shared CPU, bus or switch only ever slows a transfer, so the best of
     several is the link's speed (as nccl-tests and iperf report the best); a link that is slow
     stays slow every time it is measured. `starved` stays only when every measurement was
-    starved (the least starved fraction): one measurement with both ends on a CPU is the link's
-    own speed. Idempotent (merged links merge again with their counts). Order: each pair where
-    it first appears."""
+    starved (the least starved fraction, and the higher `gbps_ceiling`): one measurement with
+    both ends on a CPU is the link's own speed. Idempotent (merged links merge again with their
+    counts). Order: each pair where it first appears."""
     best: dict[tuple[int, int, int], dict] = {}
     for x in links:
         key = (min(x["a"], x["b"]), max(x["a"], x["b"]), x.get("rail", 0))
@@ -149,12 +160,16 @@ def best_of(links: Sequence[dict]) -> list[dict]:
             best[key] = {**x, "measurements": x.get("measurements", 1), "gbps_worst": worst}
             continue
         starved = _starved_both(cur.get("starved"), x.get("starved"))
+        ceilings = (cur.get("gbps_ceiling"), x.get("gbps_ceiling"))
         merged = {**x} if x["gbps"] > cur["gbps"] else cur
         merged["measurements"] = cur["measurements"] + x.get("measurements", 1)
         merged["gbps_worst"] = min(cur["gbps_worst"], worst)
         merged.pop("starved", None)
+        merged.pop("gbps_ceiling", None)
         if starved is not None:
             merged["starved"] = starved
+            # the higher ceiling (none: unbounded), as the best reading is the higher one
+            merged["gbps_ceiling"] = None if None in ceilings else max(ceilings)
         best[key] = merged
     return list(best.values())
 
