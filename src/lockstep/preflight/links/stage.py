@@ -43,6 +43,7 @@ GPU_BYTES = 256 << 20
 BOARD = "links/end"  # the statuses of the ranks whose stage ended early
 END_GRACE_S = 2.0  # rank 0 ended early: how long the others' statuses may follow its own
 FAULT_ENV = "LOCKSTEP_LINKS_FAULT"  # tests: "hang:<round>" makes this rank stop answering
+_SUMMED = ("reps", "starved_reps", "extra_reps")  # a link's, over both directions
 
 
 class LinkStageFailed(RuntimeError):
@@ -151,47 +152,68 @@ def second_plan(
 
 def pair_links(lay: Layout, records: dict[int, list[dict]]) -> tuple[list[dict], list[dict]]:
     """Per-rank records -> links between nodes (a, b, rail, gbps both ways, what the
-    measurements carry: latency) and intra-node links."""
-    by_pair: dict[tuple[int, int, int], dict] = {}
+    measurements carry: latency) and intra-node links. One pass puts each record in its pair
+    (lower rank, higher rank, round), then one loop per link: at 16k ranks a generator per
+    field of every link was most of rank 0's link time (issue 38)."""
+    by_pair: dict[tuple[int, int, int], list] = {}  # -> [the lower rank's, the higher's, intra]
     for rank, recs in records.items():
         for rec in recs:
             peer = rec["peer"]
-            lo, hi = min(rank, peer), max(rank, peer)
-            key = (lo, hi, rec["round"])
-            entry = by_pair.setdefault(key, {"ranks": [lo, hi], "intra": rec["intra"], "dirs": {}})
-            entry["dirs"]["ab" if rank == lo else "ba"] = rec
+            key = (rank, peer, rec["round"]) if rank < peer else (peer, rank, rec["round"])
+            entry = by_pair.get(key)
+            if entry is None:
+                entry = by_pair[key] = [None, None, rec["intra"]]
+            entry[0 if rank < peer else 1] = rec
+    carried = measure.carried()
     cross, intra = [], []
-    for (lo, hi, rnd), entry in sorted(by_pair.items()):
-        dirs = entry["dirs"]
-        a, b = lay.node_of(lo), lay.node_of(hi)
-        link = {
-            "a": a,
-            "b": b,
-            "rail": lay.rail_of(lo),
-            "ranks": [lo, hi],
-            "round": rnd,
-            "gbps": min(d["gbps_out"] for d in dirs.values()),
-            "gbps_ab": dirs["ab"]["gbps_out"] if "ab" in dirs else None,
-            "gbps_ba": dirs["ba"]["gbps_out"] if "ba" in dirs else None,
-            # the slowest transfer either way: how far this measurement's repeats spread
-            "gbps_low": min(d.get("gbps_low_out", d["gbps_out"]) for d in dirs.values()),
-        }
-        for key in measure.carried():
-            link[key] = dirs["ab"].get(key) if "ab" in dirs else None
-        for key in ("reps", "starved_reps", "extra_reps"):
-            link[key] = sum(d.get(key, 0) for d in dirs.values())
-        link["cpu_wait_known"] = any(d.get("cpu_wait_known") for d in dirs.values())
-        # The link reads as its slower direction; that reading is in doubt only when it came
-        # from a direction starved in every transfer (an unstarved one as slow settles it).
-        trusted = [d["gbps_out"] for d in dirs.values() if not d.get("starved")]
-        if not trusted or min(trusted) > link["gbps"]:
-            link["starved"] = max(
-                d["starved"]
-                for d in dirs.values()
-                if d.get("starved") and d["gbps_out"] == link["gbps"]
-            )
-        (intra if entry["intra"] else cross).append(link)
+    for key in sorted(by_pair):
+        ab, ba, is_intra = by_pair[key]
+        (intra if is_intra else cross).append(_link(lay, key, ab, ba, carried))
     return cross, intra
+
+
+def _link(lay: Layout, key: tuple[int, int, int], ab, ba, carried: tuple[str, ...]) -> dict:
+    """One link from its two directions' records (`ab`: the lower rank's; either may be
+    missing): it reads as its slower direction."""
+    dirs = (ab, ba) if ab is not None and ba is not None else (ab or ba,)
+    gbps = low = trusted = None  # each the least so far, as min() keeps the first of ties
+    sums = [0, 0, 0]
+    known = False
+    for d in dirs:
+        g = d["gbps_out"]
+        if gbps is None or g < gbps:
+            gbps = g
+        g_low = d.get("gbps_low_out", g)
+        if low is None or g_low < low:
+            low = g_low
+        if not d.get("starved") and (trusted is None or g < trusted):
+            trusted = g
+        for i, name in enumerate(_SUMMED):
+            sums[i] += d.get(name, 0)
+        known = known or bool(d.get("cpu_wait_known"))
+    lo, hi, rnd = key
+    link = {
+        "a": lay.node_of(lo),
+        "b": lay.node_of(hi),
+        "rail": lay.rail_of(lo),
+        "ranks": [lo, hi],
+        "round": rnd,
+        "gbps": gbps,
+        "gbps_ab": None if ab is None else ab["gbps_out"],
+        "gbps_ba": None if ba is None else ba["gbps_out"],
+        "gbps_low": low,  # the slowest transfer either way: how far the repeats spread
+    }
+    for name in carried:
+        link[name] = None if ab is None else ab.get(name)
+    link.update(zip(_SUMMED, sums, strict=True))
+    link["cpu_wait_known"] = known
+    # That reading is in doubt only when it came from a direction starved in every transfer
+    # (an unstarved one as slow settles it).
+    if trusted is None or trusted > gbps:
+        link["starved"] = max(
+            d["starved"] for d in dirs if d.get("starved") and d["gbps_out"] == gbps
+        )
+    return link
 
 
 def collect(
