@@ -86,9 +86,7 @@ def assess(
     cross = best_of(cross)  # a pair measured again (confirmation): its best
     found = _Findings()
     silent_nodes = _dropped(nodes, silent, failed, timeout_s, found)
-    by_rail: dict[int, list[dict]] = {}  # grouped once, not a scan of every link per rail
-    for x in cross:
-        by_rail.setdefault(x["rail"], []).append(x)
+    by_rail = _by_rail(cross)
     per_rail = []
     for rail in range(max((len(rs) for rs in ranks), default=0)):
         mine = by_rail.get(rail)
@@ -139,6 +137,14 @@ def assess(
     }
     if n <= MATRIX_MAX:
         out["matrix_gbps"] = [[rounded(v) for v in row] for row in matrix(n, merge_rails(cross))]
+    return out
+
+
+def _by_rail(links: Sequence[dict]) -> dict[int, list[dict]]:
+    """Each rail's links, grouped in one pass (not a scan of every link per rail)."""
+    out: dict[int, list[dict]] = {}
+    for x in links:
+        out.setdefault(x["rail"], []).append(x)
     return out
 
 

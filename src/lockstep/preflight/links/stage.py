@@ -43,7 +43,6 @@ GPU_BYTES = 256 << 20
 BOARD = "links/end"  # the statuses of the ranks whose stage ended early
 END_GRACE_S = 2.0  # rank 0 ended early: how long the others' statuses may follow its own
 FAULT_ENV = "LOCKSTEP_LINKS_FAULT"  # tests: "hang:<round>" makes this rank stop answering
-_SUMMED = ("reps", "starved_reps", "extra_reps")  # a link's, over both directions
 
 
 class LinkStageFailed(RuntimeError):
@@ -174,28 +173,36 @@ def pair_links(lay: Layout, records: dict[int, list[dict]]) -> tuple[list[dict],
 
 def _link(lay: Layout, key: tuple[int, int, int], ab, ba, carried: tuple[str, ...]) -> dict:
     """One link from its two directions' records (`ab`: the lower rank's; either may be
-    missing): it reads as its slower direction."""
-    dirs = (ab, ba) if ab is not None and ba is not None else (ab or ba,)
-    gbps = low = trusted = None  # each the least so far, as min() keeps the first of ties
-    sums = [0, 0, 0]
-    known = False
-    for d in dirs:
-        g = d["gbps_out"]
-        if gbps is None or g < gbps:
+    missing): it reads as its slower direction. Straight-line code (min() and sum() as they
+    would take the directions in order): it runs once per link, 250k times at 16k ranks."""
+    x = ab if ab is not None else ba
+    y = ba if x is ab else None  # the second direction, where both were measured
+    gbps = x["gbps_out"]
+    low = x.get("gbps_low_out", gbps)
+    trusted = None if x.get("starved") else gbps  # the least unstarved reading
+    reps = 0 + x.get("reps", 0)  # each as sum() adds: from 0, in order
+    starved_reps = 0 + x.get("starved_reps", 0)
+    extra_reps = 0 + x.get("extra_reps", 0)
+    known = bool(x.get("cpu_wait_known"))
+    if y is not None:
+        g = y["gbps_out"]
+        if g < gbps:
             gbps = g
-        g_low = d.get("gbps_low_out", g)
-        if low is None or g_low < low:
+        g_low = y.get("gbps_low_out", g)
+        if g_low < low:
             low = g_low
-        if not d.get("starved") and (trusted is None or g < trusted):
+        if not y.get("starved") and (trusted is None or g < trusted):
             trusted = g
-        for i, name in enumerate(_SUMMED):
-            sums[i] += d.get(name, 0)
-        known = known or bool(d.get("cpu_wait_known"))
+        reps += y.get("reps", 0)
+        starved_reps += y.get("starved_reps", 0)
+        extra_reps += y.get("extra_reps", 0)
+        known = known or bool(y.get("cpu_wait_known"))
     lo, hi, rnd = key
+    node, rail = lay.place(lo)
     link = {
-        "a": lay.node_of(lo),
+        "a": node,
         "b": lay.node_of(hi),
-        "rail": lay.rail_of(lo),
+        "rail": rail,
         "ranks": [lo, hi],
         "round": rnd,
         "gbps": gbps,
@@ -205,11 +212,12 @@ def _link(lay: Layout, key: tuple[int, int, int], ab, ba, carried: tuple[str, ..
     }
     for name in carried:
         link[name] = None if ab is None else ab.get(name)
-    link.update(zip(_SUMMED, sums, strict=True))
+    link["reps"], link["starved_reps"], link["extra_reps"] = reps, starved_reps, extra_reps
     link["cpu_wait_known"] = known
     # That reading is in doubt only when it came from a direction starved in every transfer
     # (an unstarved one as slow settles it).
     if trusted is None or trusted > gbps:
+        dirs = (x,) if y is None else (x, y)
         link["starved"] = max(
             d["starved"] for d in dirs if d.get("starved") and d["gbps_out"] == gbps
         )
