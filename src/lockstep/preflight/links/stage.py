@@ -36,6 +36,7 @@ from lockstep.preflight.links.layout import (
     plan_partner,
     stage_rails,
 )
+from lockstep.preflight.links.pairing import Pairing, pair_links
 from lockstep.preflight.store import CheckIn, Store
 
 CPU_BYTES = 4 << 20  # 32 Mbit: 500 tbf bursts of 64 kbit on the bed; 34 ms at 1 Gbit/s
@@ -53,12 +54,14 @@ class LinkStageFailed(RuntimeError):
 class Outcome:
     """This rank's end of the stage: the layout; on rank 0 every rank's records gathered, by
     rank; `failed`: why this rank's stage ended early (None: every rank's results arrived),
-    `ended`: when (monotonic)."""
+    `ended`: when (monotonic); `pairing`: rank 0's links of the first pass, built once
+    (`pairing.Pairing`)."""
 
     lay: Layout
     records: dict[int, list[dict]] = field(default_factory=dict)
     failed: str | None = None
     ended: float = 0.0
+    pairing: Pairing | None = None
 
 
 def run_stage(
@@ -81,7 +84,7 @@ def run_stage(
     rails = stage_rails(device)
     world = dist.get_world_size()
     ex = results.Exchange(dist, torch, device, store.signer, rank, world)
-    out = Outcome(lay)
+    out = Outcome(lay, pairing=Pairing(lay))
     try:
         n = len(lay.hosts)
         kind, first = schedule.schedule(n, full)
@@ -93,7 +96,9 @@ def run_stage(
         def second(records: dict) -> list:
             if n < 2:
                 return []
-            return second_plan(lay, records, sampled=sampled, min_link_gbps=min_link_gbps)
+            return second_plan(
+                lay, records, sampled=sampled, min_link_gbps=min_link_gbps, pairing=out.pairing
+            )
 
         size = results.plan_ints(n, schedule.CONFIRM_ROUNDS + schedule.SECOND_PASS * sampled)
         done = len(first_rounds)
@@ -142,86 +147,17 @@ def _fault_round() -> int | None:
 
 
 def second_plan(
-    lay: Layout, records: dict[int, list[dict]], *, sampled: bool, min_link_gbps: float | None
+    lay: Layout,
+    records: dict[int, list[dict]],
+    *,
+    sampled: bool,
+    min_link_gbps: float | None,
+    pairing: Pairing | None = None,
 ) -> list:
-    """Rank 0, the first pass's records in: the rest of the schedule (`schedule.second_plan`)."""
-    cross = pair_links(lay, records)[0]
+    """Rank 0, the first pass's records in: the rest of the schedule (`schedule.second_plan`);
+    `pairing`: where the links are kept for the end (`collect`)."""
+    cross = (pairing or Pairing(lay)).links(records)[0]
     return schedule.second_plan(len(lay.hosts), cross, sampled=sampled, min_link_gbps=min_link_gbps)
-
-
-def pair_links(lay: Layout, records: dict[int, list[dict]]) -> tuple[list[dict], list[dict]]:
-    """Per-rank records -> links between nodes (a, b, rail, gbps both ways, what the
-    measurements carry: latency) and intra-node links. One pass puts each record in its pair
-    (lower rank, higher rank, round), then one loop per link: at 16k ranks a generator per
-    field of every link was most of rank 0's link time (issue 38)."""
-    by_pair: dict[tuple[int, int, int], list] = {}  # -> [the lower rank's, the higher's, intra]
-    for rank, recs in records.items():
-        for rec in recs:
-            peer = rec["peer"]
-            key = (rank, peer, rec["round"]) if rank < peer else (peer, rank, rec["round"])
-            entry = by_pair.get(key)
-            if entry is None:
-                entry = by_pair[key] = [None, None, rec["intra"]]
-            entry[0 if rank < peer else 1] = rec
-    carried = measure.carried()
-    cross, intra = [], []
-    for key in sorted(by_pair):
-        ab, ba, is_intra = by_pair[key]
-        (intra if is_intra else cross).append(_link(lay, key, ab, ba, carried))
-    return cross, intra
-
-
-def _link(lay: Layout, key: tuple[int, int, int], ab, ba, carried: tuple[str, ...]) -> dict:
-    """One link from its two directions' records (`ab`: the lower rank's; either may be
-    missing): it reads as its slower direction. Straight-line code (min() and sum() as they
-    would take the directions in order): it runs once per link, 250k times at 16k ranks."""
-    x = ab if ab is not None else ba
-    y = ba if x is ab else None  # the second direction, where both were measured
-    gbps = x["gbps_out"]
-    low = x.get("gbps_low_out", gbps)
-    trusted = None if x.get("starved") else gbps  # the least unstarved reading
-    reps = 0 + x.get("reps", 0)  # each as sum() adds: from 0, in order
-    starved_reps = 0 + x.get("starved_reps", 0)
-    extra_reps = 0 + x.get("extra_reps", 0)
-    known = bool(x.get("cpu_wait_known"))
-    if y is not None:
-        g = y["gbps_out"]
-        if g < gbps:
-            gbps = g
-        g_low = y.get("gbps_low_out", g)
-        if g_low < low:
-            low = g_low
-        if not y.get("starved") and (trusted is None or g < trusted):
-            trusted = g
-        reps += y.get("reps", 0)
-        starved_reps += y.get("starved_reps", 0)
-        extra_reps += y.get("extra_reps", 0)
-        known = known or bool(y.get("cpu_wait_known"))
-    lo, hi, rnd = key
-    node, rail = lay.place(lo)
-    link = {
-        "a": node,
-        "b": lay.node_of(hi),
-        "rail": rail,
-        "ranks": [lo, hi],
-        "round": rnd,
-        "gbps": gbps,
-        "gbps_ab": None if ab is None else ab["gbps_out"],
-        "gbps_ba": None if ba is None else ba["gbps_out"],
-        "gbps_low": low,  # the slowest transfer either way: how far the repeats spread
-    }
-    for name in carried:
-        link[name] = None if ab is None else ab.get(name)
-    link["reps"], link["starved_reps"], link["extra_reps"] = reps, starved_reps, extra_reps
-    link["cpu_wait_known"] = known
-    # That reading is in doubt only when it came from a direction starved in every transfer
-    # (an unstarved one as slow settles it).
-    if trusted is None or trusted > gbps:
-        dirs = (x,) if y is None else (x, y)
-        link["starved"] = max(
-            d["starved"] for d in dirs if d.get("starved") and d["gbps_out"] == gbps
-        )
-    return link
 
 
 def collect(
@@ -255,7 +191,10 @@ def collect(
     silent = [r for r in range(world) if r not in statuses]
     # the layout exchange itself failed: hosts from the check-in
     lay = outcome.lay if outcome is not None else layout_from_identities(identities)
-    cross, intra = pair_links(lay, outcome.records if outcome is not None else {})
+    if outcome is not None and outcome.pairing is not None and outcome.pairing.lay is lay:
+        cross, intra = outcome.pairing.links(outcome.records)  # the first pass's built already
+    else:
+        cross, intra = pair_links(lay, outcome.records if outcome is not None else {})
     failed = {r: s["why"] for r, s in statuses.items() if s["state"] != "done"}
     return section.assess(
         hosts=lay.hosts,
