@@ -549,3 +549,27 @@ def test_a_slow_node_whose_links_alone_were_not_starved_is_measured_again_and_na
     out = _assess4(first + again)
     assert [s["host"] for s in out["slow_nodes"]] == ["n2"] and out["exit_code"] == 1
     assert out["slow_nodes"][0]["confirmed_links"] == 2 and out["slow_links"] == []
+
+
+def test_gc_paused_turns_collection_back_on_as_it_was():
+    """Rank 0's bulk link work pauses the cyclic collector (`links.bulk`): on again after,
+    an exception included; off where it was off; a nested pause leaves it to the outer one."""
+    import gc
+
+    from lockstep.preflight.links.bulk import gc_paused
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+        raise RuntimeError("the work failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -25,6 +25,7 @@ import numpy as np
 from lockstep.preflight import collectives
 from lockstep.preflight.lines import first_line, ranges
 from lockstep.preflight.links import measure
+from lockstep.preflight.links.bulk import gc_paused
 from lockstep.preflight.store import Refused, Signer
 
 # Every slot's fields before the carried ones: (name, kind). Required ones are never None.
@@ -297,19 +298,24 @@ class Exchange:
         plan = None
         refused: dict[int, Refused] = {}
         if rows is not None:
-            got, refused = open_rows(self.signer, name, rows, world=self.world, rounds=rounds)
-            for r, recs in got.items():
-                self.records.setdefault(r, []).extend(recs)
-            named = sorted(refused)
-            plan = Plan(refused=len(named), named=named[:ABORT_NAMED])
-            if not refused:
-                plan = Plan(rounds=[list(rnd) for rnd in decide(self.records)])
+            with gc_paused():  # rank 0: every rank's records, then the decision (`bulk`)
+                plan, refused = self._open(name, rows, rounds, decide)
         plan = self._broadcast(plan, name, plan_size)
         if refused:  # a forged or malformed row: every rank ends, rank 0 names it
             raise next(iter(refused.values()))
         if plan.refused:
             raise Failed(f"rank 0 refused the {name} rows of ranks {ranges(plan.named)}")
         return plan
+
+    def _open(self, name: str, rows, rounds: range, decide) -> tuple[Plan, dict[int, Refused]]:
+        """Rank 0: the rows opened into `records`, and the plan (an abort where refused)."""
+        got, refused = open_rows(self.signer, name, rows, world=self.world, rounds=rounds)
+        for r, recs in got.items():
+            self.records.setdefault(r, []).extend(recs)
+        named = sorted(refused)
+        if refused:
+            return Plan(refused=len(named), named=named[:ABORT_NAMED]), refused
+        return Plan(rounds=[list(rnd) for rnd in decide(self.records)]), refused
 
     def _gather(self, sealed: bytes, name: str):
         torch = self.torch

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from lockstep.preflight.lines import first_line
 from lockstep.preflight.links import measure, results, schedule, section
+from lockstep.preflight.links.bulk import gc_paused
 from lockstep.preflight.links.layout import (
     Layout,
     layout_from_identities,
@@ -191,25 +192,26 @@ def collect(
     silent = [r for r in range(world) if r not in statuses]
     # the layout exchange itself failed: hosts from the check-in
     lay = outcome.lay if outcome is not None else layout_from_identities(identities)
-    if outcome is not None and outcome.pairing is not None and outcome.pairing.lay is lay:
-        cross, intra = outcome.pairing.links(outcome.records)  # the first pass's built already
-    else:
-        cross, intra = pair_links(lay, outcome.records if outcome is not None else {})
     failed = {r: s["why"] for r, s in statuses.items() if s["state"] != "done"}
-    return section.assess(
-        hosts=lay.hosts,
-        ranks=lay.ranks,
-        local=lay.local,
-        cross=cross,
-        intra=intra,
-        silent=silent,
-        failed=failed,
-        min_link_gbps=min_link_gbps,
-        judge_intra=judge_intra,
-        timeout_s=timeout_s,
-        nbytes=nbytes,
-        elapsed_s=time.monotonic() - started,
-    )
+    with gc_paused():  # the links paired and judged (`bulk`)
+        if outcome is not None and outcome.pairing is not None and outcome.pairing.lay is lay:
+            cross, intra = outcome.pairing.links(outcome.records)  # the first pass's built
+        else:
+            cross, intra = pair_links(lay, outcome.records if outcome is not None else {})
+        return section.assess(
+            hosts=lay.hosts,
+            ranks=lay.ranks,
+            local=lay.local,
+            cross=cross,
+            intra=intra,
+            silent=silent,
+            failed=failed,
+            min_link_gbps=min_link_gbps,
+            judge_intra=judge_intra,
+            timeout_s=timeout_s,
+            nbytes=nbytes,
+            elapsed_s=time.monotonic() - started,
+        )
 
 
 def write_outputs(links_section: dict, *, exclude_out: str | None, plot: str | None) -> None:
