@@ -70,6 +70,7 @@ from lockstep.preflight import (
 from lockstep.preflight.links import results, schedule
 from lockstep.preflight.links import stage as link_stage
 from lockstep.preflight.links.layout import layout
+from lockstep.preflight.links.pairing import Pairing
 from lockstep.preflight.local.check import result
 from lockstep.preflight.local.registry import LOCAL_CHECKS
 from lockstep.preflight.store import CheckIn, Signer, Store
@@ -408,11 +409,13 @@ def run_size(n: int, per: int = 8, procs: int = 4, threads: int = 8, cap_s: floa
         kind, first = schedule.schedule(len(lay.hosts))
         first_rounds, nodes, sampled = [None, *first], len(lay.hosts), kind == "sampled"
         p2p = FakeP2P()
+        pairing = Pairing(lay)  # as `run_stage` keeps the first pass's links for the end
         exchange = results.Exchange(p2p, torch, torch.device("cpu"), store.signer, 0, n)
         p2p.rows = sealed_rows(store.signer, "links/pass1", n, per, first_rounds, 0)
 
         def second(got: dict) -> list:
-            return link_stage.second_plan(lay, got, sampled=sampled, min_link_gbps=None)
+            return link_stage.second_plan(lay, got, sampled=sampled, min_link_gbps=None,
+                                          pairing=pairing)  # fmt: skip
 
         size = results.plan_ints(nodes, schedule.CONFIRM_ROUNDS + schedule.SECOND_PASS * sampled)
         mine = records(0, per, partners(first_rounds), 0)
@@ -427,7 +430,7 @@ def run_size(n: int, per: int = 8, procs: int = 4, threads: int = 8, cap_s: floa
                 span, end = range(done, done + len(rest)), results.plan_ints(nodes, 0)
                 exchange.close("links/pass2", mine, span, lambda _: [], end)
             identities = [seen[r] for r in range(n)]
-            outcome = link_stage.Outcome(lay, exchange.records)
+            outcome = link_stage.Outcome(lay, exchange.records, pairing=pairing)
             section = link_stage.collect(store, outcome, world=n, identities=identities,
                                          timeout_s=60.0, started=time.monotonic(),
                                          min_link_gbps=None, judge_intra=True,

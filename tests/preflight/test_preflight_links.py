@@ -418,6 +418,46 @@ def test_pair_links_marks_a_link_starved_by_its_slower_direction():
     assert "starved" not in pair_links(lay, records)[0][1]
 
 
+def test_pairing_kept_between_passes_builds_the_links_of_every_record():
+    """Rank 0 keeps the first pass's links for the end (`Pairing`): after a second pass's
+    records are added, the links are those of pairing every record at once."""
+    from lockstep.preflight.links.layout import Layout
+    from lockstep.preflight.links.pairing import Pairing, pair_links
+
+    lay = Layout(hosts=["a", "b", "c"], ranks=[[0, 3], [1, 4], [2, 5]], local=[0, 0, 0, 1, 1, 1])
+    rng = random.Random(3)
+
+    def rec(peer, rnd, intra=False):
+        return {"peer": peer, "round": rnd, "intra": intra, "gbps_out": rng.uniform(1, 2)}
+
+    records = {0: [rec(1, 0), rec(3, 1, True)], 1: [rec(0, 0)], 3: [rec(0, 1, True)], 2: []}
+    kept = Pairing(lay)
+    first = kept.links(records)
+    assert first == pair_links(lay, records) and len(first[0]) == len(first[1]) == 1
+    records[0].append(rec(2, 2))  # the second pass: new rounds, one direction missing
+    records[2].append(rec(0, 2))
+    records[4] = [rec(5, 3)]
+    assert kept.links(records) == pair_links(lay, records)
+    assert [x["round"] for x in kept.links(records)[0]] == [0, 2, 3]
+    records[0].pop()
+    with pytest.raises(ValueError, match="rank 0 has fewer link records"):
+        kept.links(records)
+
+
+def test_cpu_wait_merges_a_misplaced_intra_reading_with_its_cross_link():
+    """The report's starved-link count merges every measurement of a pair and rail, cross and
+    intra alike: a record that says intra for a peer on another node still merges (its
+    unstarved reading clears the starved one)."""
+    base = {"rail": 0, "ranks": [0, 1], "gbps": 50.0}
+    cross = [{**base, "a": 0, "b": 1, "round": 1, "starved": 0.5}]
+    intra = [{**base, "a": 0, "b": 1, "round": 0}]
+    got = section.assess(hosts=["n0", "n1"], ranks=[[0], [1]], local=[0, 0], cross=cross,
+                         intra=intra)  # fmt: skip
+    assert got["cpu_wait"]["starved_links"] == 0
+    got = section.assess(hosts=["n0", "n1"], ranks=[[0], [1]], local=[0, 0], cross=cross)
+    assert got["cpu_wait"]["starved_links"] == 1
+
+
 def test_every_link_starved_only_the_outlier_goes_unjudged():
     """A machine so loaded that every transfer was starved: the readings are lower bounds;
     those that agree with one another are fine, the one far below them is not judged, and
@@ -576,3 +616,27 @@ def test_a_slow_node_whose_links_alone_were_not_starved_is_measured_again_and_na
     out = _assess4(first + again)
     assert [s["host"] for s in out["slow_nodes"]] == ["n2"] and out["exit_code"] == 1
     assert out["slow_nodes"][0]["confirmed_links"] == 2 and out["slow_links"] == []
+
+
+def test_gc_paused_turns_collection_back_on_as_it_was():
+    """Rank 0's bulk link work pauses the cyclic collector (`links.bulk`): on again after,
+    an exception included; off where it was off; a nested pause leaves it to the outer one."""
+    import gc
+
+    from lockstep.preflight.links.bulk import gc_paused
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), gc_paused():
+        assert not gc.isenabled()
+        with gc_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+        raise RuntimeError("the work failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

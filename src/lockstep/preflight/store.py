@@ -72,7 +72,7 @@ class Signer:
         assert self.key is not None
         fields = (_DOMAIN, nonce.encode(), key.encode(), by.encode(), data)
         message = b"".join(len(f).to_bytes(8, "big") + f for f in fields)
-        return hmac.new(self.key, message, hashlib.sha256).digest()
+        return hmac.digest(self.key, message, hashlib.sha256)  # one call: OpenSSL's, fast
 
     def seal(self, key: str, by: str, text: str) -> bytes:
         data = text.encode()

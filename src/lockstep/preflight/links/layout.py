@@ -22,6 +22,10 @@ class Layout:
     def rail_of(self, rank: int) -> int:
         return self._where[rank][1]
 
+    def place(self, rank: int) -> tuple[int, int]:
+        """(node, rail) of `rank`: both in one look-up."""
+        return self._where[rank]
+
     @cached_property
     def _where(self) -> dict[int, tuple[int, int]]:
         """rank -> (node, rail): an index built once, not a scan of every node per rank (at

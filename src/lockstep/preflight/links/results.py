@@ -18,12 +18,14 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
 
 from lockstep.preflight import collectives
 from lockstep.preflight.lines import first_line, ranges
 from lockstep.preflight.links import measure
+from lockstep.preflight.links.bulk import gc_paused
 from lockstep.preflight.store import Refused, Signer
 
 # Every slot's fields before the carried ones: (name, kind). Required ones are never None.
@@ -160,10 +162,16 @@ def open_rows(
                 refused[r] = _malformed(name, r, "not readings")
     if values is None:
         return got, refused
-    as_lists, nones = values.tolist(), none.tolist()
-    for r in range(world):
-        if r not in refused:
-            got[r] = _records(as_lists[r], nones[r], spec)
+    ok = [r for r in range(world) if r not in refused]
+    names, typed = _typed(values[ok], none[ok], spec)
+    first = [names.index(key) for key, _ in spec]  # each field's column
+    unset = np.zeros(typed.shape[:2], dtype=np.int64)  # per slot: a bit per unset column
+    for j, col in enumerate(first):
+        if j == 0 or spec[j - 1][0] != spec[j][0]:  # a carried field's type: its number's bit
+            unset |= none[ok, :, j].astype(np.int64) << col
+    keep: dict = {}
+    for r, rows_typed, pattern in zip(ok, typed.tolist(), unset.tolist(), strict=True):
+        got[r] = _records(names, rows_typed, pattern, keep)
     return got, refused
 
 
@@ -195,22 +203,41 @@ def _bad_rows(values, none, world: int, rounds: range):
     return (bad & used).any(axis=1)
 
 
-def _records(values: list, nones: list, spec) -> list[dict]:
-    """One rank's records from its checked slots (lists: plain Python, fast)."""
-    out = []
-    for v, unset in zip(values, nones, strict=True):
-        if unset[0]:
-            continue
-        rec: dict = {}
+def _typed(values, none, spec):
+    """Rank-by-slot rows of the fields' Python values (an object array, one column per
+    distinct field name, in `spec`'s order), each converted once per column by numpy rather
+    than once per value: a carried field back as the type it was (`_TYPES`)."""
+    names = list(dict.fromkeys(key for key, _ in spec))
+    out = np.empty((*values.shape[:2], len(names)), dtype=object)
+    with np.errstate(invalid="ignore"):
         for j, (key, kind) in enumerate(spec):
-            if unset[j]:
-                continue
-            x = v[j]
-            if kind == "type":
-                rec[key] = _TYPES[int(x)](rec[key])
+            col, v = names.index(key), values[:, :, j]
+            if kind == "type":  # checked (`_bad_rows`): 0, 1 or 2 where the number is set
+                num = values[:, :, j - 1]
+                as_int, as_bool = v == 1, v == 2
+                out[:, :, col][as_int] = num[as_int].astype(np.int64).astype(object)
+                out[:, :, col][as_bool] = (num[as_bool] != 0).astype(object)
+            elif kind[0] == "i":
+                out[:, :, col] = np.where(none[:, :, j], 0, v).astype(np.int64).astype(object)
+            elif kind[0] == "b":
+                out[:, :, col] = (v != 0).astype(object)
             else:
-                rec[key] = int(x) if kind[0] == "i" else bool(x) if kind[0] == "b" else x
-        out.append(rec)
+                out[:, :, col] = v.astype(object)
+    return names, out
+
+
+def _records(names: list[str], typed: list, unset: list, keep: dict) -> list[dict]:
+    """One rank's records from its checked slots (`_typed`'s rows, plain lists), each with the
+    fields its slot sets; `keep`: per pattern of unset fields, a getter of the set ones."""
+    out = []
+    for row, pattern in zip(typed, unset, strict=True):
+        if pattern & 1:  # no peer: an unused slot
+            continue
+        got = keep.get(pattern)
+        if got is None:
+            kept = [j for j in range(len(names)) if not pattern >> j & 1]
+            got = keep[pattern] = ([names[j] for j in kept], itemgetter(*kept))
+        out.append(dict(zip(got[0], got[1](row), strict=True)))
     return out
 
 
@@ -272,19 +299,24 @@ class Exchange:
         plan = None
         refused: dict[int, Refused] = {}
         if rows is not None:
-            got, refused = open_rows(self.signer, name, rows, world=self.world, rounds=rounds)
-            for r, recs in got.items():
-                self.records.setdefault(r, []).extend(recs)
-            named = sorted(refused)
-            plan = Plan(refused=len(named), named=named[:ABORT_NAMED])
-            if not refused:
-                plan = Plan(rounds=[list(rnd) for rnd in decide(self.records)])
+            with gc_paused():  # rank 0: every rank's records, then the decision (`bulk`)
+                plan, refused = self._open(name, rows, rounds, decide)
         plan = self._broadcast(plan, name, plan_size)
         if refused:  # a forged or malformed row: every rank ends, rank 0 names it
             raise next(iter(refused.values()))
         if plan.refused:
             raise Failed(f"rank 0 refused the {name} rows of ranks {ranges(plan.named)}")
         return plan
+
+    def _open(self, name: str, rows, rounds: range, decide) -> tuple[Plan, dict[int, Refused]]:
+        """Rank 0: the rows opened into `records`, and the plan (an abort where refused)."""
+        got, refused = open_rows(self.signer, name, rows, world=self.world, rounds=rounds)
+        for r, recs in got.items():
+            self.records.setdefault(r, []).extend(recs)
+        named = sorted(refused)
+        if refused:
+            return Plan(refused=len(named), named=named[:ABORT_NAMED]), refused
+        return Plan(rounds=[list(rnd) for rnd in decide(self.records)]), refused
 
     def _gather(self, sealed: bytes, name: str):
         torch = self.torch

@@ -123,16 +123,20 @@ def confirm_rounds(
     *,
     min_link_gbps: float | None = None,
     rounds: int = CONFIRM_ROUNDS,
+    pairs_merged: bool = False,
 ) -> list[Round]:
     """Rounds that measure the slow links of the first pass again (judged rail by rail; the
     starved ones below the threshold too), at most `rounds` of disjoint pairs: the links whose
     ends have the fewest other slow links first. Those are the ones a single slowed transfer
     would make into a false slow link; a slow node's many slow links confirm one another. Empty
-    when nothing looked slow."""
-    merged = best_of(links)
+    when nothing looked slow. `pairs_merged`: `links` are `best_of`'s already."""
+    merged = list(links) if pairs_merged else best_of(links)
+    by_rail: dict[int, list[dict]] = {}  # grouped once, not a scan of every link per rail
+    for x in merged:
+        by_rail.setdefault(x.get("rail", 0), []).append(x)
     pairs: set[Pair] = set()
-    for rail in sorted({x.get("rail", 0) for x in merged}):
-        mine = [x for x in merged if x.get("rail", 0) == rail]
+    for rail in sorted(by_rail):
+        mine = by_rail[rail]
         for x, again in zip(mine, doubtful(n, mine, min_link_gbps), strict=True):
             if again:
                 pairs.add((min(x["a"], x["b"]), max(x["a"], x["b"])))
@@ -166,10 +170,10 @@ def second_plan(
 ) -> list[Round]:
     """What rank 0 posts once the first pass is in: the confirmation rounds, then, beyond the
     full matrix, the second pass (each suspect with known-good nodes)."""
-    plan = confirm_rounds(n, links, min_link_gbps=min_link_gbps)
+    merged = best_of(links)  # once for both
+    plan = confirm_rounds(n, merged, min_link_gbps=min_link_gbps, pairs_merged=True)
     if sampled:
-        merged = merge_rails(best_of(links))
-        plan += second_pass(n, suspects(n, merged, min_link_gbps), seed=seed)
+        plan += second_pass(n, suspects(n, merge_rails(merged), min_link_gbps), seed=seed)
     return plan
 
 

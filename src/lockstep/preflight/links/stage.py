@@ -30,12 +30,14 @@ from pathlib import Path
 
 from lockstep.preflight.lines import first_line
 from lockstep.preflight.links import measure, results, schedule, section
+from lockstep.preflight.links.bulk import gc_paused
 from lockstep.preflight.links.layout import (
     Layout,
     layout_from_identities,
     plan_partner,
     stage_rails,
 )
+from lockstep.preflight.links.pairing import Pairing, pair_links
 from lockstep.preflight.store import CheckIn, Store
 
 CPU_BYTES = 4 << 20  # 32 Mbit: 500 tbf bursts of 64 kbit on the bed; 34 ms at 1 Gbit/s
@@ -53,12 +55,14 @@ class LinkStageFailed(RuntimeError):
 class Outcome:
     """This rank's end of the stage: the layout; on rank 0 every rank's records gathered, by
     rank; `failed`: why this rank's stage ended early (None: every rank's results arrived),
-    `ended`: when (monotonic)."""
+    `ended`: when (monotonic); `pairing`: rank 0's links of the first pass, built once
+    (`pairing.Pairing`)."""
 
     lay: Layout
     records: dict[int, list[dict]] = field(default_factory=dict)
     failed: str | None = None
     ended: float = 0.0
+    pairing: Pairing | None = None
 
 
 def run_stage(
@@ -81,7 +85,7 @@ def run_stage(
     rails = stage_rails(device)
     world = dist.get_world_size()
     ex = results.Exchange(dist, torch, device, store.signer, rank, world)
-    out = Outcome(lay)
+    out = Outcome(lay, pairing=Pairing(lay))
     try:
         n = len(lay.hosts)
         kind, first = schedule.schedule(n, full)
@@ -93,7 +97,9 @@ def run_stage(
         def second(records: dict) -> list:
             if n < 2:
                 return []
-            return second_plan(lay, records, sampled=sampled, min_link_gbps=min_link_gbps)
+            return second_plan(
+                lay, records, sampled=sampled, min_link_gbps=min_link_gbps, pairing=out.pairing
+            )
 
         size = results.plan_ints(n, schedule.CONFIRM_ROUNDS + schedule.SECOND_PASS * sampled)
         done = len(first_rounds)
@@ -142,58 +148,17 @@ def _fault_round() -> int | None:
 
 
 def second_plan(
-    lay: Layout, records: dict[int, list[dict]], *, sampled: bool, min_link_gbps: float | None
+    lay: Layout,
+    records: dict[int, list[dict]],
+    *,
+    sampled: bool,
+    min_link_gbps: float | None,
+    pairing: Pairing | None = None,
 ) -> list:
-    """Rank 0, the first pass's records in: the rest of the schedule (`schedule.second_plan`)."""
-    cross = pair_links(lay, records)[0]
+    """Rank 0, the first pass's records in: the rest of the schedule (`schedule.second_plan`);
+    `pairing`: where the links are kept for the end (`collect`)."""
+    cross = (pairing or Pairing(lay)).links(records)[0]
     return schedule.second_plan(len(lay.hosts), cross, sampled=sampled, min_link_gbps=min_link_gbps)
-
-
-def pair_links(lay: Layout, records: dict[int, list[dict]]) -> tuple[list[dict], list[dict]]:
-    """Per-rank records -> links between nodes (a, b, rail, gbps both ways, what the
-    measurements carry: latency) and intra-node links."""
-    by_pair: dict[tuple[int, int, int], dict] = {}
-    for rank, recs in records.items():
-        for rec in recs:
-            peer = rec["peer"]
-            lo, hi = min(rank, peer), max(rank, peer)
-            key = (lo, hi, rec["round"])
-            entry = by_pair.setdefault(key, {"ranks": [lo, hi], "intra": rec["intra"], "dirs": {}})
-            entry["dirs"]["ab" if rank == lo else "ba"] = rec
-    cross, intra = [], []
-    for (lo, hi, rnd), entry in sorted(by_pair.items()):
-        dirs = entry["dirs"]
-        a, b = lay.node_of(lo), lay.node_of(hi)
-        link = {
-            "a": a,
-            "b": b,
-            "rail": lay.rail_of(lo),
-            "ranks": [lo, hi],
-            "round": rnd,
-            "gbps": min(d["gbps_out"] for d in dirs.values()),
-            "gbps_ab": dirs["ab"]["gbps_out"] if "ab" in dirs else None,
-            "gbps_ba": dirs["ba"]["gbps_out"] if "ba" in dirs else None,
-            # the slowest transfer either way: how far this measurement's repeats spread
-            "gbps_low": min(d.get("gbps_low_out", d["gbps_out"]) for d in dirs.values()),
-        }
-        for key in measure.carried():
-            link[key] = dirs["ab"].get(key) if "ab" in dirs else None
-        for key in ("reps", "starved_reps", "extra_reps"):
-            link[key] = sum(d.get(key, 0) for d in dirs.values())
-        link["cpu_wait_known"] = any(d.get("cpu_wait_known") for d in dirs.values())
-        # The link reads as its slower direction; that reading is in doubt only when it came
-        # from a direction starved in every transfer (an unstarved one as slow settles it).
-        trusted = [d["gbps_out"] for d in dirs.values() if not d.get("starved")]
-        if not trusted or min(trusted) > link["gbps"]:
-            setting = [
-                d for d in dirs.values() if d.get("starved") and d["gbps_out"] == link["gbps"]
-            ]
-            link["starved"] = max(d["starved"] for d in setting)
-            # the most the link could be (`bandwidth`): none where a direction has no bound
-            ceilings = [d.get("gbps_ceiling_out") for d in setting]
-            link["gbps_ceiling"] = None if None in ceilings else max(ceilings)
-        (intra if entry["intra"] else cross).append(link)
-    return cross, intra
 
 
 def collect(
@@ -227,22 +192,26 @@ def collect(
     silent = [r for r in range(world) if r not in statuses]
     # the layout exchange itself failed: hosts from the check-in
     lay = outcome.lay if outcome is not None else layout_from_identities(identities)
-    cross, intra = pair_links(lay, outcome.records if outcome is not None else {})
     failed = {r: s["why"] for r, s in statuses.items() if s["state"] != "done"}
-    return section.assess(
-        hosts=lay.hosts,
-        ranks=lay.ranks,
-        local=lay.local,
-        cross=cross,
-        intra=intra,
-        silent=silent,
-        failed=failed,
-        min_link_gbps=min_link_gbps,
-        judge_intra=judge_intra,
-        timeout_s=timeout_s,
-        nbytes=nbytes,
-        elapsed_s=time.monotonic() - started,
-    )
+    with gc_paused():  # the links paired and judged (`bulk`)
+        if outcome is not None and outcome.pairing is not None and outcome.pairing.lay is lay:
+            cross, intra = outcome.pairing.links(outcome.records)  # the first pass's built
+        else:
+            cross, intra = pair_links(lay, outcome.records if outcome is not None else {})
+        return section.assess(
+            hosts=lay.hosts,
+            ranks=lay.ranks,
+            local=lay.local,
+            cross=cross,
+            intra=intra,
+            silent=silent,
+            failed=failed,
+            min_link_gbps=min_link_gbps,
+            judge_intra=judge_intra,
+            timeout_s=timeout_s,
+            nbytes=nbytes,
+            elapsed_s=time.monotonic() - started,
+        )
 
 
 def write_outputs(links_section: dict, *, exclude_out: str | None, plot: str | None) -> None:
