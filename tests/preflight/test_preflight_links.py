@@ -388,7 +388,7 @@ def test_starved_slow_links_are_measured_again():
 
 def test_pair_links_marks_a_link_starved_by_its_slower_direction():
     from lockstep.preflight.links.layout import Layout
-    from lockstep.preflight.links.stage import pair_links
+    from lockstep.preflight.links.pairing import pair_links
 
     lay = Layout(hosts=["a", "b", "c"], ranks=[[0], [1], [2]], local=[0, 0, 0])
     rec = {"latency_us": 50.0, "round": 0, "intra": False, "reps": 2, "extra_reps": 0}

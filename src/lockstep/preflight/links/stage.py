@@ -37,7 +37,7 @@ from lockstep.preflight.links.layout import (
     plan_partner,
     stage_rails,
 )
-from lockstep.preflight.links.pairing import Pairing, pair_links
+from lockstep.preflight.links.pairing import Pairing
 from lockstep.preflight.store import CheckIn, Store
 
 CPU_BYTES = 4 << 20  # 32 Mbit: 500 tbf bursts of 64 kbit on the bed; 34 ms at 1 Gbit/s
@@ -194,10 +194,9 @@ def collect(
     lay = outcome.lay if outcome is not None else layout_from_identities(identities)
     failed = {r: s["why"] for r, s in statuses.items() if s["state"] != "done"}
     with gc_paused():  # the links paired and judged (`bulk`)
-        if outcome is not None and outcome.pairing is not None and outcome.pairing.lay is lay:
-            cross, intra = outcome.pairing.links(outcome.records)  # the first pass's built
-        else:
-            cross, intra = pair_links(lay, outcome.records if outcome is not None else {})
+        kept = outcome.pairing if outcome is not None else None  # the first pass's, built
+        pairing = kept if kept is not None else Pairing(lay)
+        cross, intra = pairing.links(outcome.records if outcome is not None else {})
         return section.assess(
             hosts=lay.hosts,
             ranks=lay.ranks,
