@@ -6,8 +6,15 @@
 # runs out is logged and the next one runs. Everything lands in $OUT: log.txt (all output) and
 # artifacts.tgz (fingerprints, preflight report, golden, gate results, flight-recorder dump,
 # benchmark output, JUnit of the smoke tier).
+# STEPS picks and orders the parts (default: all, in order of value for a first run); a part
+# is one of: lockstep fr smoke-ddp smoke-zero bench gate. ENGINES names the bench's engines,
+# REPEATS the gate golden's repeats.
 #   OUT=/tmp/gpu-out BUDGET=500 bash ci/gpu-offline.sh
+#   OUT=/tmp/gpu-out BUDGET=300 STEPS="fr smoke-zero bench" ENGINES=ddp,fsdp bash ci/gpu-offline.sh
 set -u
+STEPS=${STEPS:-lockstep fr smoke-ddp smoke-zero bench gate}
+REPEATS=${REPEATS:-10}
+ENGINES=${ENGINES:-ddp,fsdp,zero3}
 OUT=${OUT:-/tmp/gpu-out}
 BUDGET=${BUDGET:-500}
 START=$(date +%s)
@@ -15,6 +22,8 @@ A=$(mktemp -d)
 LOG="$OUT/log.txt"
 mkdir -p "$OUT"
 exec > >(tee -a "$LOG") 2>&1
+
+want() { [[ " $STEPS " == *" $1 "* ]]; }
 
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 
@@ -63,18 +72,22 @@ print("device", torch.cuda.get_device_name(0), torch.cuda.get_device_capability(
 EOF
 
 # DeepSpeed's FusedAdam (ZeRO on a GPU) and CPUAdam (optimizer offload) are JIT builds: start
-# them now, beside the steps that do not time anything, so the timed steps find them built.
-python3 -c "from deepspeed.ops.op_builder import FusedAdamBuilder as F, CPUAdamBuilder as C
+# them now when a ZeRO part runs, beside the parts that time nothing (never beside bench or gate).
+BUILD=
+if want smoke-zero; then
+  python3 -c "from deepspeed.ops.op_builder import FusedAdamBuilder as F, CPUAdamBuilder as C
 F().load(); C().load(); print('deepspeed ops built')" >"$A/ds-build.log" 2>&1 &
-BUILD=$!
+  BUILD=$!
+fi
 
 # 1. preflight on NCCL, NVML fields, matmul checksum; fingerprints and their diff; the lock
-step preflight 90 lockstep preflight --nproc 1 --json "$A/preflight.json"
-step fingerprint 60 lockstep fingerprint --json "$A/fp.json"
-step fingerprint-nccl-debug 60 env NCCL_DEBUG=INFO lockstep fingerprint --json "$A/fp-debug.json"
-step diff 30 lockstep diff "$A/fp.json" "$A/fp-debug.json"
-step fingerprint-lock 60 lockstep fingerprint --lock requirements/cuda.txt
-python3 - "$A/fp.json" <<'EOF'
+if want lockstep; then
+  step preflight 90 lockstep preflight --nproc 1 --json "$A/preflight.json"
+  step fingerprint 60 lockstep fingerprint --json "$A/fp.json"
+  step fingerprint-nccl-debug 60 env NCCL_DEBUG=INFO lockstep fingerprint --json "$A/fp-debug.json"
+  step diff 30 lockstep diff "$A/fp.json" "$A/fp-debug.json"
+  step fingerprint-lock 60 lockstep fingerprint --lock requirements/cuda.txt
+  python3 - "$A/fp.json" <<'EOF'
 import json, sys
 fp = json.load(open(sys.argv[1]))
 def walk(d, p=""):
@@ -85,11 +98,14 @@ def walk(d, p=""):
             print(f"  {p}{k} = {str(v)[:100]}")
 walk(fp)
 EOF
+fi
 
-# 5. a one-rank NCCL flight-recorder dump, read back by lockstep forensics
-mkdir -p "$A/fr"
-cat >"$A/fr.py" <<'EOF'
-import os, sys, torch, torch.distributed as dist
+# 5. a one-rank NCCL flight-recorder dump through lockstep's own call, read back by lockstep
+# forensics; the sizes of both of torch's dumps say which recorder holds the entries
+if want fr; then
+  mkdir -p "$A/fr"
+  cat >"$A/fr.py" <<'EOF'
+import os, pickle, sys, torch, torch.distributed as dist
 from lockstep.compat import dump_flight_recorder
 dist.init_process_group("nccl", device_id=torch.device("cuda", 0))
 x = torch.ones(1024, device="cuda")
@@ -99,42 +115,53 @@ out = [torch.empty(256, device="cuda")]
 dist.all_gather(out, torch.full((256,), 2.0, device="cuda"))
 dist.barrier()
 torch.cuda.synchronize()
+c10d = torch._C._distributed_c10d
+for name in ("_dump_fr_trace", "_dump_nccl_trace"):
+    f = getattr(c10d, name, None)
+    if f is not None:
+        d = pickle.loads(f(includeCollectives=True, includeStackTraces=False, onlyActive=False))
+        print(name, "entries", len(d.get("entries", [])), "pgs", len(d.get("pg_config", {})))
 open(os.path.join(sys.argv[1], "nccl_trace_rank_0"), "wb").write(dump_flight_recorder())
 dist.destroy_process_group()
 EOF
-step fr-dump 60 env TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_FR_BUFFER_SIZE=2000 \
-  torchrun --standalone --nproc-per-node 1 "$A/fr.py" "$A/fr"
-step fr-read 30 lockstep forensics hang "$A/fr"
+  step fr-dump 60 env TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_FR_BUFFER_SIZE=2000 \
+    torchrun --standalone --nproc-per-node 1 "$A/fr.py" "$A/fr"
+  step fr-read 30 lockstep forensics hang "$A/fr"
+fi
 
 # 2a. the smoke tier on ddp (no DeepSpeed op needed)
-step smoke-ddp 150 python3 -m pytest -p no:cacheprovider -m smoke -rs -q \
-  tests/checks/test_gpu_tiers.py -k ddp --junitxml "$A/smoke-ddp.xml"
+if want smoke-ddp; then
+  step smoke-ddp 150 python3 -m pytest -p no:cacheprovider -m smoke -rs -q \
+    tests/checks/test_gpu_tiers.py -k ddp --junitxml "$A/smoke-ddp.xml"
+fi
 
-echo "=== waiting for DeepSpeed's op builds (left: $(left)s)"
-wait "$BUILD"
-tail -3 "$A/ds-build.log"
+# 2b. the smoke tier on the ZeRO engines and fsdp: determinism, resume, clip
+if want smoke-zero; then
+  echo "=== waiting for DeepSpeed's op builds (left: $(left)s)"
+  wait "$BUILD"
+  tail -3 "$A/ds-build.log"
+  step smoke-zero 300 python3 -m pytest -p no:cacheprovider -m smoke -rs -q \
+    tests/checks/test_gpu_tiers.py -k "fsdp or zero1 or zero2 or zero3" \
+    --junitxml "$A/smoke-zero.xml"
+fi
 
 # 3. throughput and MFU against a plain torch loop, same model and batch (989: bf16 dense)
-step bench 110 torchrun --standalone --nproc-per-node 1 benchmarks/bench_harness.py \
-  --engines ddp,fsdp,zero3 --preset gpt2-small-bench --seq-len 128 --micro 16 \
-  --rounds 5 --block 10 --peak-tflops 989
-
-# 2b. the smoke tier on zero3 (optimizer and parameters offloaded)
-step smoke-zero3 120 python3 -m pytest -p no:cacheprovider -m smoke -rs -q \
-  tests/checks/test_gpu_tiers.py -k zero3 --junitxml "$A/smoke-zero3.xml"
-
-# 2c. the other engines, as far as the budget goes
-step smoke-rest 200 python3 -m pytest -p no:cacheprovider -m smoke -rs -q \
-  tests/checks/test_gpu_tiers.py -k "fsdp or zero1 or zero2" --junitxml "$A/smoke-rest.xml"
+if want bench; then
+  step bench 150 torchrun --standalone --nproc-per-node 1 benchmarks/bench_harness.py \
+    --engines "$ENGINES" --preset gpt2-small-bench --seq-len 128 --micro 16 \
+    --rounds 5 --block 10 --peak-tflops 989
+fi
 
 # 4. a GPU gate: a golden of 10 repeats (3 gave a 29% threshold on an H200), an A/A check, a
-# planted 10% slowdown
-G=(--nproc 1 --dir "$A/gates" --set 'data.factory="planted_slowdown:planted"')
-export PYTHONPATH="$PYTHONPATH:$PWD/benchmarks"
-step gate-record 240 lockstep gate record gpu-ddp smoke/gpu-ddp.toml "${G[@]}" --repeats 10
-step gate-check-aa 50 lockstep gate check gpu-ddp smoke/gpu-ddp.toml "${G[@]}" \
-  --json "$A/gate-aa.json"
-WAIT=$(python3 - "$A/gates" <<'EOF'
+# planted 10% slowdown, once as a sleep and once as a busy wait (CPU work in the input
+# pipeline: a sleep that cost 4x its length on the first run may be the CPU's idle states)
+if want gate; then
+  G=(--nproc 1 --dir "$A/gates" --set 'data.factory="planted_slowdown:planted"')
+  export PYTHONPATH="$PYTHONPATH:$PWD/benchmarks"
+  step gate-record 240 lockstep gate record gpu-ddp smoke/gpu-ddp.toml "${G[@]}" --repeats "$REPEATS"
+  step gate-check-aa 50 lockstep gate check gpu-ddp smoke/gpu-ddp.toml "${G[@]}" \
+    --json "$A/gate-aa.json"
+  WAIT=$(python3 - "$A/gates" <<'EOF'
 import glob, json, sys
 for f in glob.glob(f"{sys.argv[1]}/*/*.json"):
     print(round(0.10 * json.load(open(f))["perf"]["step_time_s"]["center"], 6))
@@ -142,9 +169,12 @@ for f in glob.glob(f"{sys.argv[1]}/*/*.json"):
 else:
     print(0)
 EOF
-)
-echo "planted wait per step: ${WAIT}s"
-step gate-check-slow 50 env PLANTED_WAIT_S="$WAIT" PLANTED_EVERY=32 lockstep gate check \
-  gpu-ddp smoke/gpu-ddp.toml "${G[@]}" --json "$A/gate-slow.json"
+  )
+  echo "planted wait per step: ${WAIT}s"
+  step gate-check-spin 50 env PLANTED_WAIT_S="$WAIT" PLANTED_EVERY=32 PLANTED_SPIN=1 \
+    lockstep gate check gpu-ddp smoke/gpu-ddp.toml "${G[@]}" --json "$A/gate-spin.json"
+  step gate-check-slow 50 env PLANTED_WAIT_S="$WAIT" PLANTED_EVERY=32 lockstep gate check \
+    gpu-ddp smoke/gpu-ddp.toml "${G[@]}" --json "$A/gate-slow.json"
+fi
 
 echo "=== done at $(date +%T), $(($(date +%s) - START))s"
