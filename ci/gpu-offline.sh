@@ -8,13 +8,17 @@
 # benchmark output, JUnit of the smoke tier).
 # STEPS picks and orders the parts (default: all, in order of value for a first run); a part
 # is one of: lockstep fr smoke-ddp smoke-zero bench gate. ENGINES names the bench's engines,
-# REPEATS the gate golden's repeats.
+# ROUNDS the bench's rounds, REPEATS the gate golden's repeats, GATE_SETS more `--set`s for the
+# gate's job (space-separated, no space inside one), SLOW_KINDS the planted waits (spin sleep).
 #   OUT=/tmp/gpu-out BUDGET=500 bash ci/gpu-offline.sh
 #   OUT=/tmp/gpu-out BUDGET=300 STEPS="fr smoke-zero bench" ENGINES=ddp,fsdp bash ci/gpu-offline.sh
 set -u
 STEPS=${STEPS:-lockstep fr smoke-ddp smoke-zero bench gate}
 REPEATS=${REPEATS:-10}
 ENGINES=${ENGINES:-ddp,fsdp,zero3}
+ROUNDS=${ROUNDS:-5}
+GATE_SETS=${GATE_SETS:-}
+SLOW_KINDS=${SLOW_KINDS:-spin sleep}
 OUT=${OUT:-/tmp/gpu-out}
 BUDGET=${BUDGET:-500}
 START=$(date +%s)
@@ -149,7 +153,7 @@ fi
 if want bench; then
   step bench 150 torchrun --standalone --nproc-per-node 1 benchmarks/bench_harness.py \
     --engines "$ENGINES" --preset gpt2-small-bench --seq-len 128 --micro 16 \
-    --rounds 5 --block 10 --peak-tflops 989
+    --rounds "$ROUNDS" --block 10 --peak-tflops 989
 fi
 
 # 4. a GPU gate: a golden of 10 repeats (3 gave a 29% threshold on an H200), an A/A check, a
@@ -157,6 +161,7 @@ fi
 # pipeline: a sleep that cost 4x its length on the first run may be the CPU's idle states)
 if want gate; then
   G=(--nproc 1 --dir "$A/gates" --set 'data.factory="planted_slowdown:planted"')
+  for one in $GATE_SETS; do G+=(--set "$one"); done
   export PYTHONPATH="$PYTHONPATH:$PWD/benchmarks"
   step gate-record 240 lockstep gate record gpu-ddp smoke/gpu-ddp.toml "${G[@]}" --repeats "$REPEATS"
   step gate-check-aa 50 lockstep gate check gpu-ddp smoke/gpu-ddp.toml "${G[@]}" \
@@ -171,10 +176,12 @@ else:
 EOF
   )
   echo "planted wait per step: ${WAIT}s"
-  step gate-check-spin 50 env PLANTED_WAIT_S="$WAIT" PLANTED_EVERY=32 PLANTED_SPIN=1 \
-    lockstep gate check gpu-ddp smoke/gpu-ddp.toml "${G[@]}" --json "$A/gate-spin.json"
-  step gate-check-slow 50 env PLANTED_WAIT_S="$WAIT" PLANTED_EVERY=32 lockstep gate check \
-    gpu-ddp smoke/gpu-ddp.toml "${G[@]}" --json "$A/gate-slow.json"
+  for kind in $SLOW_KINDS; do
+    spin=0
+    [ "$kind" = spin ] && spin=1
+    step "gate-check-$kind" 60 env PLANTED_WAIT_S="$WAIT" PLANTED_EVERY=32 PLANTED_SPIN=$spin \
+      lockstep gate check gpu-ddp smoke/gpu-ddp.toml "${G[@]}" --json "$A/gate-$kind.json"
+  done
 fi
 
 echo "=== done at $(date +%T), $(($(date +%s) - START))s"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import pickle
 from pathlib import Path
 
@@ -132,11 +133,39 @@ def test_an_nccl_dump_without_a_collective_is_not_judged(capsys, tmp_path):
     same folder with one real collective beside it is judged again."""
     from lockstep.cli import main
 
-    assert main(["forensics", "hang", str(H200 / "fr")]) == 4
+    assert main(["forensics", "hang", str(H200 / "fr-empty")]) == 4
     out = capsys.readouterr().out
     assert "not judged: the dumps of rank 0 hold no collective" in out
     assert "no collective out of step" not in out
-    (tmp_path / "nccl_trace_rank_0").write_bytes((H200 / "fr" / "nccl_trace_rank_0").read_bytes())
+    (tmp_path / "nccl_trace_rank_0").write_bytes((H200 / "fr-empty" / "nccl_trace_rank_0").read_bytes())
     (tmp_path / "nccl_trace_rank_1").write_bytes(pickled(dump(2, ["all_reduce"], completed=1)))
     report = hang.report(tmp_path)
     assert report.judged and report.empty == [0], report.text()
+
+
+def test_an_nccl_dump_read_before_the_watchdog_polled_says_nothing_waits(capsys, tmp_path):
+    """lockstep's own dump under NCCL on an H200 (`_dump_nccl_trace`, torch 2.11) right after
+    four collectives: every entry completed while `pg_status` still said -1, since NCCL's
+    watchdog had not polled. Nothing waits (exit 0); a second rank that never reached the
+    third collective, while rank 0 waits in it, is named at that collective."""
+    from lockstep.cli import main
+
+    src = H200 / "fr-nccl" / "nccl_trace_rank_0"
+    record = pickle.loads(src.read_bytes())
+    assert [e["state"] for e in record["entries"]] == ["completed"] * 4
+    assert record["pg_status"]["0"]["last_completed_collective"] == -1
+    assert main(["forensics", "hang", str(src.parent)]) == 0, capsys.readouterr().out
+    assert "no collective out of step" in capsys.readouterr().out
+    record["pg_config"]["0"]["ranks"] = "[0, 1]"
+    waiting = copy.deepcopy(record)  # rank 0 in all_gather #3, its entry not completed
+    waiting["entries"] = waiting["entries"][:3]
+    waiting["entries"][2]["state"] = "scheduled"
+    waiting["pg_status"]["0"].update(last_enqueued_collective=3)
+    (tmp_path / "nccl_trace_rank_0").write_bytes(pickle.dumps(waiting))
+    stuck = copy.deepcopy(record)  # rank 1 never reached it
+    stuck["entries"] = stuck["entries"][:2]
+    stuck["pg_status"]["0"].update(last_enqueued_collective=2)
+    (tmp_path / "nccl_trace_rank_1").write_bytes(pickle.dumps(stuck))
+    report = hang.report(tmp_path)
+    assert report.judged, report.text()
+    assert "all_gather" in report.text() and "rank 1" in report.text(), report.text()

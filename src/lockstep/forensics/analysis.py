@@ -164,11 +164,14 @@ def _views(data: dict) -> dict[str, _RankView]:
     for key, entries in by_pg.items():
         st = status.get(names[key]) or status.get(str(next(iter(entries.values())).get("pg_id")))
         last = max(entries)
+        done = [s for s, e in entries.items() if e.get("state") == "completed"]
         if st and "last_completed_collective" in st:
-            completed = int(st["last_completed_collective"])
+            # NCCL's watchdog moves pg_status on as it polls, while each entry's state is read
+            # when the dump is made: an H200 dump right after four collectives had all four
+            # entries completed and pg_status at -1. A group's collectives finish in order.
+            completed = max(int(st["last_completed_collective"]), max(done, default=-1))
             last = max(last, int(st.get("last_enqueued_collective", last)))
         else:  # older dumps: no pg_status
-            done = [s for s, e in entries.items() if e.get("state") == "completed"]
             completed = max(done, default=min(entries) - 1)
         views[key] = _RankView(entries, max(completed, 0), last)
     return views

@@ -84,7 +84,6 @@ class NativeEngine(Engine):
         if max_norm > 0:
             params = [p for p in self.wrapped.parameters() if p.grad is not None]
             torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
-        norm_value = float(norm)
         lr = self.lr()
         skipped = False
         scale = None
@@ -97,6 +96,9 @@ class NativeEngine(Engine):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
+        # Read only now: a host sync before the optimizer step would hold its kernels back until
+        # the backward pass ends on the GPU.
+        norm_value = float(norm)
         return StepOutcome(
             loss=torch.stack(losses).mean(),
             grad_norm=norm_value,
