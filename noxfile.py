@@ -56,7 +56,10 @@ LINT_TOOLS = (
 )
 # The regression gates the project keeps for its own reference job (docs/gates.md: "Regression
 # gates"): name -> smoke config, on 2 ranks. One golden per environment under gates/NAME/.
-GATES = {"cpu": ("smoke-cpu-ddp", "smoke-cpu-fsdp"), "cuda": ("smoke-gpu-ddp", "smoke-gpu-zero3")}
+GATES = {
+    "cpu": ("smoke-cpu-ddp", "smoke-cpu-fsdp"),
+    "cuda": ("smoke-gpu-ddp-100m", "smoke-gpu-zero3"),
+}
 GATE_OUT = ROOT / "build" / "gate"
 
 nox.options.sessions = ["lint", "tests"]

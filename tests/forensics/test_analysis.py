@@ -137,7 +137,9 @@ def test_an_nccl_dump_without_a_collective_is_not_judged(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "not judged: the dumps of rank 0 hold no collective" in out
     assert "no collective out of step" not in out
-    (tmp_path / "nccl_trace_rank_0").write_bytes((H200 / "fr-empty" / "nccl_trace_rank_0").read_bytes())
+    (tmp_path / "nccl_trace_rank_0").write_bytes(
+        (H200 / "fr-empty" / "nccl_trace_rank_0").read_bytes()
+    )
     (tmp_path / "nccl_trace_rank_1").write_bytes(pickled(dump(2, ["all_reduce"], completed=1)))
     report = hang.report(tmp_path)
     assert report.judged and report.empty == [0], report.text()

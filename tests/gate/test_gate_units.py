@@ -532,10 +532,10 @@ def test_ab_never_passes_a_broken_run_or_nothing_compared():
 H200 = Path(__file__).resolve().parents[1] / "fixtures" / "h200"
 
 
-def _h200_rows(slower: float = 1.0) -> str:
-    """The H200 golden's own rows (median of its 3 repeats) as a run's metrics.jsonl, each step
+def _h200_rows(slower: float = 1.0, folder: Path = H200) -> str:
+    """An H200 golden's own rows (median of its repeats) as a run's metrics.jsonl, each step
     `slower` times as long."""
-    (path,) = (H200 / "gates" / "gpu-ddp").glob("*.json")
+    (path,) = (folder / "gates" / "gpu-ddp").glob("*.json")
     rows = json.loads(path.read_text())["rows"]
     out = []
     for row in rows:
@@ -567,3 +567,28 @@ def test_the_h200_gpu_gate_judges_as_it_did_on_the_gpu(tmp_path, capsys):
     aa = json.loads((H200 / "gate-aa.json").read_text())
     slowed = json.loads((H200 / "gate-slow.json").read_text())
     assert (aa["verdict"], slowed["verdict"]) == ("not_judged", "fail")
+
+
+def test_the_h200_gpu_bound_gate_catches_what_its_noise_allows(tmp_path, capsys):
+    """The GPU-bound golden from a lent H200 (smoke/gpu-ddp-100m.toml's job, 101.8 M
+    parameters, 8 repeats bitwise identical): a 4.9% step-time spread, a 14.8% threshold, which
+    the gate judges. There an A/A run passed (-0.3%), a planted wait of 10% of a step as CPU
+    work failed (+16.0%) and as a sleep passed (+11.0%, inside the noise); the same verdicts
+    follow from the golden here."""
+    folder = H200 / "gpu-bound"
+    (path,) = (folder / "gates" / "gpu-ddp").glob("*.json")
+    g = json.loads(path.read_text())
+    assert g["repeats"] == 8 and all(c["exact"] for c in g["curves"].values())
+    step = g["perf"]["step_time_s"]
+    assert step["spread_rel"] == pytest.approx(0.049, abs=1e-3)
+    assert step["threshold_rel"] == pytest.approx(0.148, abs=1e-3)  # under 25%: judged
+    verdicts = {}
+    for name, slower in (("aa", 0.997), ("spin", 1.160), ("sleep", 1.110)):
+        run = tmp_path / f"{name}.jsonl"
+        run.write_text(_h200_rows(slower, folder))
+        verdicts[name] = main(["gate", "compare", str(path), str(run)])
+        out = capsys.readouterr().out
+        assert "not judged" not in out, out
+        stored = json.loads((folder / f"gate-{name}.json").read_text())
+        assert stored["verdict"] == ("fail" if name == "spin" else "pass")
+    assert verdicts == {"aa": 0, "spin": 1, "sleep": 0}
