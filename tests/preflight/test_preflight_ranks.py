@@ -282,3 +282,51 @@ def test_a_node_whose_environment_drifts_is_named_to_drain(tmp_path):
         {"host": "localhost", "reason": "lockstep: differs from the other nodes in env.NCCL_ALGO"}
     ]
     assert report["kind"] == "job"  # a job problem too: excluding the node will not fix it
+
+
+STALLING_ENTRY = """\
+import os, sys, time
+if os.environ.get("LOCAL_RANK") == "1" and os.environ.get("STALL_LOCAL_RANK_1"):
+    time.sleep(600)  # started by the launcher, never reaches lockstep
+from lockstep.cli import main
+raise SystemExit(main())
+"""
+
+
+def test_the_deepspeed_launchers_ranks_check_in_through_their_node_leader(tmp_path):
+    """Under the deepspeed launcher (LOCAL_RANK and LOCAL_SIZE, no torchelastic) a node's
+    ranks check in through its leader (issue 38's hierarchical check-in): 2 ranks on one node
+    pass; when local rank 1 never reaches lockstep, the leader names it within the timeout
+    (exit 3) and the launcher ends the stalled rank."""
+    entry = tmp_path / "entry.py"
+    entry.write_text(STALLING_ENTRY)
+
+    def launch(**extra: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
+                   "--master_port", str(free_port()), str(entry), "preflight", "--timeout", "8",
+                   "--json", str(tmp_path / "report.json")]  # fmt: skip
+        proc = subprocess.Popen(command, env=base_env(**extra), cwd=tmp_path, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+        try:
+            out, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+        finally:  # the launcher's ranks, whatever happened
+            try:
+                os.killpg(proc.pid, 9)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        return subprocess.CompletedProcess(command, proc.returncode, out)
+
+    clean = launch()
+    assert clean.returncode == 0, clean.stdout
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["launcher"], report["world_size"], report["ok"]) == ("deepspeed", 2, True)
+    assert report["nodes"][0]["ranks"] == [0, 1], report["nodes"]
+    stalled = launch(STALL_LOCAL_RANK_1="1")
+    assert stalled.returncode == 3, stalled.stdout  # the leader's code, through the launcher
+    assert (
+        "lockstep: error: rank 1 of 2 never checked in within 8s (not started, crashed, or "
+        f"launched with another MASTER_ADDR/PORT); on {socket.gethostname()}: local rank 1 of 2 "
+        "never reached its node's leader"
+    ) in stalled.stdout, stalled.stdout
