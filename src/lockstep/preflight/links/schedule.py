@@ -29,7 +29,14 @@ import math
 import random
 from collections.abc import Iterable, Sequence
 
-from lockstep.preflight.links.stats import Pair, best_of, judgeable, merge_rails, summarize
+from lockstep.preflight.links.stats import (
+    Pair,
+    best_of,
+    by_rail,
+    judgeable,
+    merge_rails,
+    summarize,
+)
 
 FULL_MATRIX = 32
 SECOND_PASS = 3
@@ -131,12 +138,10 @@ def confirm_rounds(
     would make into a false slow link; a slow node's many slow links confirm one another. Empty
     when nothing looked slow. `pairs_merged`: `links` are `best_of`'s already."""
     merged = list(links) if pairs_merged else best_of(links)
-    by_rail: dict[int, list[dict]] = {}  # grouped once, not a scan of every link per rail
-    for x in merged:
-        by_rail.setdefault(x.get("rail", 0), []).append(x)
+    rails = by_rail(merged)
     pairs: set[Pair] = set()
-    for rail in sorted(by_rail):
-        mine = by_rail[rail]
+    for rail in sorted(rails):
+        mine = rails[rail]
         for x, again in zip(mine, doubtful(n, mine, min_link_gbps), strict=True):
             if again:
                 pairs.add((min(x["a"], x["b"]), max(x["a"], x["b"])))

@@ -14,6 +14,7 @@ from lockstep.preflight.links.stats import (
     MIN_MARGIN,
     STARVED_FRACTION,
     best_of,
+    by_rail,
     judgeable,
     matrix,
     median,
@@ -87,10 +88,10 @@ def assess(
     cross = best_of(cross)  # a pair measured again (confirmation): its best
     found = _Findings()
     silent_nodes = _dropped(nodes, silent, failed, timeout_s, found)
-    by_rail = _by_rail(cross)
+    rails = by_rail(cross)
     per_rail = []
     for rail in range(max((len(rs) for rs in ranks), default=0)):
-        mine = by_rail.get(rail)
+        mine = rails.get(rail)
         if mine:
             per_rail.append(_rail(nodes, rail, mine, min_link_gbps, silent_nodes, found))
     if judge_intra:
@@ -138,14 +139,6 @@ def assess(
     }
     if n <= MATRIX_MAX:
         out["matrix_gbps"] = [[rounded(v) for v in row] for row in matrix(n, merge_rails(cross))]
-    return out
-
-
-def _by_rail(links: Sequence[dict]) -> dict[int, list[dict]]:
-    """Each rail's links, grouped in one pass (not a scan of every link per rail)."""
-    out: dict[int, list[dict]] = {}
-    for x in links:
-        out.setdefault(x["rail"], []).append(x)
     return out
 
 

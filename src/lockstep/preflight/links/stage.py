@@ -194,8 +194,8 @@ def collect(
     lay = outcome.lay if outcome is not None else layout_from_identities(identities)
     failed = {r: s["why"] for r, s in statuses.items() if s["state"] != "done"}
     with gc_paused():  # the links paired and judged (`bulk`)
-        kept = outcome.pairing if outcome is not None else None  # the first pass's, built
-        pairing = kept if kept is not None else Pairing(lay)
+        # the first pass's links, built already where the stage kept them
+        pairing = (outcome.pairing if outcome is not None else None) or Pairing(lay)
         cross, intra = pairing.links(outcome.records if outcome is not None else {})
         return section.assess(
             hosts=lay.hosts,
