@@ -9,7 +9,9 @@
 # STEPS picks and orders the parts (default: all, in order of value for a first run); a part
 # is one of: lockstep fr smoke-ddp smoke-zero bench gate. ENGINES names the bench's engines,
 # ROUNDS the bench's rounds, REPEATS the gate golden's repeats, GATE_SETS more `--set`s for the
-# gate's job (space-separated, no space inside one), SLOW_KINDS the planted waits (spin sleep).
+# gate's job (space-separated, no space inside one), SLOW_KINDS the planted waits (spin sleep),
+# GATE_CONFIG the gate's job (default smoke/gpu-ddp.toml; the GPU runners' own gate is
+# smoke/gpu-ddp-100m.toml).
 #   OUT=/tmp/gpu-out BUDGET=500 bash ci/gpu-offline.sh
 #   OUT=/tmp/gpu-out BUDGET=300 STEPS="fr smoke-zero bench" ENGINES=ddp,fsdp bash ci/gpu-offline.sh
 set -u
@@ -19,6 +21,7 @@ ENGINES=${ENGINES:-ddp,fsdp,zero3}
 ROUNDS=${ROUNDS:-5}
 GATE_SETS=${GATE_SETS:-}
 SLOW_KINDS=${SLOW_KINDS:-spin sleep}
+GATE_CONFIG=${GATE_CONFIG:-smoke/gpu-ddp.toml}
 OUT=${OUT:-/tmp/gpu-out}
 BUDGET=${BUDGET:-500}
 START=$(date +%s)
@@ -163,8 +166,9 @@ if want gate; then
   G=(--nproc 1 --dir "$A/gates" --set 'data.factory="planted_slowdown:planted"')
   for one in $GATE_SETS; do G+=(--set "$one"); done
   export PYTHONPATH="$PYTHONPATH:$PWD/benchmarks"
-  step gate-record 240 lockstep gate record gpu-ddp smoke/gpu-ddp.toml "${G[@]}" --repeats "$REPEATS"
-  step gate-check-aa 50 lockstep gate check gpu-ddp smoke/gpu-ddp.toml "${G[@]}" \
+  GATE=$(basename "$GATE_CONFIG" .toml)
+  step gate-record 240 lockstep gate record "$GATE" "$GATE_CONFIG" "${G[@]}" --repeats "$REPEATS"
+  step gate-check-aa 50 lockstep gate check "$GATE" "$GATE_CONFIG" "${G[@]}" \
     --json "$A/gate-aa.json"
   WAIT=$(python3 - "$A/gates" <<'EOF'
 import glob, json, sys
@@ -180,7 +184,7 @@ EOF
     spin=0
     [ "$kind" = spin ] && spin=1
     step "gate-check-$kind" 60 env PLANTED_WAIT_S="$WAIT" PLANTED_EVERY=32 PLANTED_SPIN=$spin \
-      lockstep gate check gpu-ddp smoke/gpu-ddp.toml "${G[@]}" --json "$A/gate-$kind.json"
+      lockstep gate check "$GATE" "$GATE_CONFIG" "${G[@]}" --json "$A/gate-$kind.json"
   done
 fi
 
