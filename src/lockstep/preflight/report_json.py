@@ -142,8 +142,8 @@ def _links(links: dict) -> dict:
         out.pop("matrix_gbps", None)  # a sampled schedule's: mostly pairs never measured
     return out | {
         "silent_ranks": ranges(links["silent_ranks"]),
-        "links": kept,
-        "intra": kept_intra,
+        "links": [_clean(x) for x in kept],
+        "intra": [_clean(x) for x in kept_intra],
         "summary": {"links": _stats(cross, kept), "intra": _stats(intra, kept_intra)},
     }
 
@@ -162,14 +162,25 @@ def _kept(rows: list[dict], named: Callable[[dict], bool] | None) -> list[dict]:
 
 def _stats(rows: list[dict], kept: list[dict]) -> dict:
     """How many rows were measured and kept; min, median and max of `gbps` and `latency_us`
-    over all of them (None where none)."""
+    over all of them (None where none), rounded as the rows are (`_round`: rounding keeps the
+    order, so these are the rounded rows' own)."""
     out: dict[str, object] = {"measured": len(rows), "kept": len(kept)}
     for key in ("gbps", "latency_us"):
-        known = sorted([v for x in rows if (v := x.get(key)) is not None])
-        out[key] = (
-            {"min": known[0], "median": known[len(known) // 2], "max": known[-1]} if known else None
-        )
+        known = sorted([v for x in rows if (v := x.get(key)) is not None and v == v])
+        picks = (known[0], known[len(known) // 2], known[-1]) if known else ()
+        low, mid, high = map(_round, picks) if picks else (None, None, None)
+        out[key] = {"min": low, "median": mid, "max": high} if picks else None
     return out
+
+
+def _clean(x: dict) -> dict:
+    """A link row as the JSON shows it: floats to 4 decimals, NaN as null (only the rows kept:
+    at 16k ranks rounding every link measured took seconds)."""
+    return {k: (_round(v) if isinstance(v, float) else v) for k, v in x.items()}
+
+
+def _round(v: object) -> object:
+    return None if v != v else round(v, 4) if isinstance(v, float) else v
 
 
 def dumps(value: object, indent: str = "") -> str:

@@ -26,6 +26,7 @@ from lockstep.preflight import collectives
 from lockstep.preflight.lines import first_line, ranges
 from lockstep.preflight.links import measure
 from lockstep.preflight.links.bulk import gc_paused
+from lockstep.preflight.links.records import Batch, Records
 from lockstep.preflight.store import Refused, Signer
 
 # Every slot's fields before the carried ones: (name, kind). Required ones are never None.
@@ -134,8 +135,17 @@ def open_rows(
     signer: Signer, name: str, rows, *, world: int, rounds: range
 ) -> tuple[dict[int, list[dict]], dict[int, Refused]]:
     """Rank 0: every rank's records from the gathered rows (an array, a row of bytes per rank),
-    and the rows refused (forged or malformed), by rank. Checked for all rows at once (numpy):
-    at 64k ranks a row at a time took seconds."""
+    and the rows refused (forged or malformed), by rank (`open_batch`, its records as dicts)."""
+    batch, refused = open_batch(signer, name, rows, world=world, rounds=rounds)
+    return ({} if batch is None else batch.dicts()), refused
+
+
+def open_batch(
+    signer: Signer, name: str, rows, *, world: int, rounds: range
+) -> tuple[Batch | None, dict[int, Refused]]:
+    """Rank 0: the records of every row not refused as one `Batch` (None: no row could be
+    read), and the rows refused (forged or malformed), by rank. Checked for all rows at once
+    (numpy): at 64k ranks a row at a time took seconds."""
     refused: dict[int, Refused] = {}
     for r in range(world):
         try:
@@ -151,7 +161,6 @@ def open_rows(
         bits = data.view("<i8").reshape(world, len(rounds), len(spec))
         values, none = bits.view("<f8"), bits == _NONE
         bad = _bad_rows(values, none, world, rounds)
-    got: dict[int, list[dict]] = {}
     for r in np.flatnonzero(bad).tolist():
         if r not in refused:
             try:
@@ -161,18 +170,61 @@ def open_rows(
             else:
                 refused[r] = _malformed(name, r, "not readings")
     if values is None:
-        return got, refused
+        return None, refused
     ok = [r for r in range(world) if r not in refused]
-    names, typed = _typed(values[ok], none[ok], spec)
+    mine, unset_ok = values[ok], none[ok]
+    return Batch(_columns(mine, unset_ok, ok), lambda: _dicts(mine, unset_ok, ok)), refused
+
+
+def _dicts(values, none, ok: list[int]) -> dict[int, list[dict]]:
+    """Each rank's (of `ok`) records as dicts, from its checked slots."""
+    spec = fields()
+    names, typed = _typed(values, none, spec)
     first = [names.index(key) for key, _ in spec]  # each field's column
     unset = np.zeros(typed.shape[:2], dtype=np.int64)  # per slot: a bit per unset column
     for j, col in enumerate(first):
         if j == 0 or spec[j - 1][0] != spec[j][0]:  # a carried field's type: its number's bit
-            unset |= none[ok, :, j].astype(np.int64) << col
+            unset |= none[:, :, j].astype(np.int64) << col
     keep: dict = {}
+    got: dict[int, list[dict]] = {}
     for r, rows_typed, pattern in zip(ok, typed.tolist(), unset.tolist(), strict=True):
         got[r] = _records(names, rows_typed, pattern, keep)
-    return got, refused
+    return got
+
+
+def _columns(values, none, ok: list[int]) -> dict:
+    """The used slots of the ranks `ok` as the columns `records.COLUMNS` names (rank then slot
+    order, as `_dicts` lists them), each field's absent value as a record's reader takes it."""
+    spec = fields()
+    at = {key: j for j, (key, kind) in reversed(list(enumerate(spec))) if kind != "type"}
+    ri, si = np.nonzero(~none[:, :, 0])  # the slots with a peer
+    v, unset = values[ri, si], none[ri, si]
+
+    def col(key: str, absent: float) -> np.ndarray:
+        return np.where(unset[:, at[key]], absent, v[:, at[key]])
+
+    g = v[:, at["gbps_out"]].copy()
+    cols: dict = {
+        "rank": np.asarray(ok, dtype=np.int64)[ri],
+        "peer": v[:, at["peer"]].astype(np.int64),
+        "round": v[:, at["round"]].astype(np.int64),
+        "intra": v[:, at["intra"]] != 0,
+        "g": g,
+        "low": np.where(unset[:, at["gbps_low_out"]], g, v[:, at["gbps_low_out"]]),
+        "starved": col("starved", 0.0),
+        "ceiling": col("gbps_ceiling_out", np.nan),
+        "known": col("cpu_wait_known", 0.0) != 0,
+    }
+    for key in ("reps", "starved_reps", "extra_reps"):
+        cols[key] = col(key, 0.0).astype(np.int64)
+    for name in measure.carried():  # as the type it was: float, int or bool (`_TYPES`)
+        j = at[name]
+        nums, kinds, gone = v[:, j].tolist(), v[:, j + 1].tolist(), unset[:, j].tolist()
+        cols["carried:" + name] = [
+            None if u else x if k == 0 else int(x) if k == 1 else x != 0
+            for x, k, u in zip(nums, kinds, gone, strict=True)
+        ]
+    return cols
 
 
 def _bad_rows(values, none, world: int, rounds: range):
@@ -288,7 +340,7 @@ class Exchange:
     signer: Signer
     rank: int
     world: int
-    records: dict[int, list[dict]] = field(default_factory=dict)
+    records: Records = field(default_factory=Records)
 
     def close(self, name: str, mine: list[dict], rounds: range, decide, plan_size: int) -> Plan:
         """The pass `name` (its `rounds`) ends: every rank's row to rank 0, which opens them
@@ -310,9 +362,9 @@ class Exchange:
 
     def _open(self, name: str, rows, rounds: range, decide) -> tuple[Plan, dict[int, Refused]]:
         """Rank 0: the rows opened into `records`, and the plan (an abort where refused)."""
-        got, refused = open_rows(self.signer, name, rows, world=self.world, rounds=rounds)
-        for r, recs in got.items():
-            self.records.setdefault(r, []).extend(recs)
+        batch, refused = open_batch(self.signer, name, rows, world=self.world, rounds=rounds)
+        if batch is not None:
+            self.records.add(batch)
         named = sorted(refused)
         if refused:
             return Plan(refused=len(named), named=named[:ABORT_NAMED]), refused

@@ -29,13 +29,17 @@ import math
 import random
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+
 from lockstep.preflight.links.stats import (
     Pair,
     best_of,
     by_rail,
-    judgeable,
+    column,
     merge_rails,
+    starved_doubt,
     summarize,
+    take,
 )
 
 FULL_MATRIX = 32
@@ -109,8 +113,9 @@ def schedule(n: int, full_matrix: int = FULL_MATRIX, seed: int = 0) -> tuple[str
 def suspects(n: int, links: Sequence[dict], min_link_gbps: float | None = None) -> list[int]:
     """Nodes with at least one slow link so far (or a starved one below the threshold): both
     ends of each."""
-    again = doubtful(n, links, min_link_gbps)
-    return sorted({e for x, bad in zip(links, again, strict=True) if bad for e in (x["a"], x["b"])})
+    again = np.asarray(doubtful(n, links, min_link_gbps), dtype=bool)
+    ends = np.union1d(column(links, "a")[again], column(links, "b")[again])
+    return ends.tolist()
 
 
 def doubtful(n: int, links: Sequence[dict], min_link_gbps: float | None) -> list[bool]:
@@ -118,10 +123,10 @@ def doubtful(n: int, links: Sequence[dict], min_link_gbps: float | None) -> list
     the bar with them, as the verdict judges: `stats.judgeable`), or starved and below the bar:
     the links worth measuring again. (The bar alone missed a slow node whose slow links were
     the only unstarved ones: they set it, and nothing was measured again.)"""
-    judged, unjudged, _ = judgeable(n, links, min_link_gbps)
+    doubt, _ = starved_doubt(n, links, min_link_gbps)
+    judged = take(links, np.flatnonzero(~doubt))
     threshold = summarize(n, judged, min_link_gbps)["threshold"] if judged else math.nan
-    starved = {id(x) for x in unjudged}
-    return [id(x) in starved or bool(x["gbps"] < threshold) for x in links]  # NaN: nothing
+    return (doubt | (column(links, "gbps") < threshold)).tolist()  # NaN: nothing
 
 
 def confirm_rounds(
@@ -137,7 +142,7 @@ def confirm_rounds(
     ends have the fewest other slow links first. Those are the ones a single slowed transfer
     would make into a false slow link; a slow node's many slow links confirm one another. Empty
     when nothing looked slow. `pairs_merged`: `links` are `best_of`'s already."""
-    merged = list(links) if pairs_merged else best_of(links)
+    merged = links if pairs_merged else best_of(links)
     rails = by_rail(merged)
     pairs: set[Pair] = set()
     for rail in sorted(rails):

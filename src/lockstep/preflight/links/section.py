@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from lockstep.launch.hostlist import compress
 from lockstep.preflight.lines import ranges
 from lockstep.preflight.links.schedule import FULL_MATRIX
@@ -15,6 +17,7 @@ from lockstep.preflight.links.stats import (
     STARVED_FRACTION,
     best_of,
     by_rail,
+    column,
     judgeable,
     matrix,
     median,
@@ -84,7 +87,7 @@ def assess(
     `finding` nor `exit_code`."""
     failed = failed or {}
     nodes = _Nodes(hosts, ranks, local)
-    measured = [*cross, *intra]
+    measured = cross
     cross = best_of(cross)  # a pair measured again (confirmation): its best
     found = _Findings()
     silent_nodes = _dropped(nodes, silent, failed, timeout_s, found)
@@ -110,19 +113,19 @@ def assess(
             }
             for k, h in enumerate(hosts)
         ],
-        "rounds": len({x["round"] for x in measured}),
+        "rounds": len(np.union1d(column(measured, "round"), column(intra, "round"))),
         "bytes": nbytes,
         "min_link_gbps": min_link_gbps,
         "rails": per_rail,
         "typical_gbps": rounded(median([r["typical_gbps"] for r in per_rail]))
         if per_rail
         else None,
-        "links": [_clean(x) for x in cross],
-        "intra": [_clean(x) for x in intra],
+        "links": cross,  # as measured: the outputs round what they show (`report_json`)
+        "intra": list(intra),
         "slow_nodes": found.slow_nodes,
         "slow_links": found.slow_links,
         "not_judged": found.not_judged,
-        "cpu_wait": _cpu_wait(measured, cross, intra),
+        "cpu_wait": _cpu_wait(measured, cross, intra),  # `measured`: cross before `best_of`
         "warnings": found.warnings,
         "dropped": [hosts[k] for k in silent_nodes],
         "silent_ranks": sorted(silent),
@@ -355,28 +358,24 @@ def _within_nodes(
 
 def _cpu_wait(measured: Sequence[dict], cross: Sequence[dict], intra: Sequence[dict]) -> dict:
     """The stage's transfers and how many were CPU-starved (`STARVED_FRACTION`) and measured
-    again, over every measurement (both directions of each); `known`: whether any rank could
-    read its run-queue wait. `cross`: merged already (`best_of`); a link between two nodes never
-    merges with one within a node (a node with itself), so only `intra` is merged here, unless
-    a record's round says otherwise (a peer elsewhere): then every measurement is merged anew."""
-    out = {"threshold": STARVED_FRACTION, "reps": 0, "starved_reps": 0, "extra_reps": 0}
-    for x in measured:
-        for key in ("reps", "starved_reps", "extra_reps"):
-            out[key] += x.get(key, 0)
-    apart = all(x["a"] != x["b"] for x in cross) and all(x["a"] == x["b"] for x in intra)
-    merged = [*cross, *best_of(intra)] if apart else best_of(measured)
-    out["starved_links"] = sum(1 for x in merged if x.get("starved"))
-    out["known"] = any(x.get("cpu_wait_known") for x in measured)
+    again, over every measurement (both directions of each: `measured` between nodes, `intra`
+    within); `known`: whether any rank could read its run-queue wait. `cross`: merged already
+    (`best_of`); a link between two nodes never merges with one within a node (a node with
+    itself), so only `intra` is merged here, unless a record's round says otherwise (a peer
+    elsewhere): then every measurement is merged anew."""
+    out: dict = {"threshold": STARVED_FRACTION}
+    for key in ("reps", "starved_reps", "extra_reps"):
+        out[key] = int(column(measured, key).sum() + column(intra, key).sum())
+    apart = bool((column(cross, "a") != column(cross, "b")).all())
+    apart = apart and bool((column(intra, "a") == column(intra, "b")).all())
+    if apart:
+        starved = [column(cross, "starved"), column(best_of(intra), "starved")]
+    else:
+        starved = [column(best_of([*measured, *intra]), "starved")]
+    out["starved_links"] = int(sum((s != 0).sum() for s in starved))
+    known = column(measured, "cpu_wait_known").any() or column(intra, "cpu_wait_known").any()
+    out["known"] = bool(known)
     return out
-
-
-def _clean(x: dict) -> dict:
-    """A link as the report shows it: floats as `rounded` (inlined: once per field of every
-    link, a call each was seconds at 16k ranks)."""
-    return {
-        k: (v if not isinstance(v, float) else None if v != v else round(v, 4))
-        for k, v in x.items()
-    }
 
 
 def _g(v: float | None) -> str:

@@ -179,17 +179,19 @@ def collect(
     board is read only when something was posted there (one operation)."""
     board = CheckIn(store, BOARD)
     if outcome is not None and outcome.failed is None:
-        statuses = {r: {"state": "done"} for r in range(world)}
+        statuses = {}  # every rank done: only a rank that posted says otherwise
         if board.count():  # no rank posts on a healthy stage: a post is read, a forgery refused
-            statuses.update(board.gather(world, time.monotonic(), _is_status))
+            statuses = board.gather(world, time.monotonic(), _is_status)
+        done = True
     else:
         deadline = started + timeout_s + max(2.0, 0.25 * timeout_s)
         if outcome is not None:  # the others fail at the same collective: a grace for them
             deadline = max(deadline, outcome.ended + END_GRACE_S)
         statuses = board.gather(world, deadline, _is_status)
+        done = False
     if board.refused:  # a status another writer made is never believed
         raise next(iter(board.refused.values()))
-    silent = [r for r in range(world) if r not in statuses]
+    silent = [] if done else [r for r in range(world) if r not in statuses]
     # the layout exchange itself failed: hosts from the check-in
     lay = outcome.lay if outcome is not None else layout_from_identities(identities)
     failed = {r: s["why"] for r, s in statuses.items() if s["state"] != "done"}

@@ -48,12 +48,69 @@ STARVED_FRACTION = MIN_DROP
 Pair = tuple[int, int]
 
 
+class LinkList(list):
+    """Links (dicts, never changed once made) with the columns the statistics read, each made
+    once (`column`): at 64k ranks every statistic's own pass over half a million dicts added up
+    to seconds (issue 38). `pairing` and `best_of` make them, `take` keeps the columns made so
+    far; any other list of link dicts works too, its columns made at each use."""
+
+    __slots__ = ("cols", "memo", "merged")
+
+    def __init__(self, rows=(), merged: bool = False):
+        super().__init__(rows)
+        self.cols: dict[str, np.ndarray] = {}
+        self.memo: dict = {}  # `summarize`'s results, by its arguments
+        self.merged = merged  # each link one pair's, with `best_of`'s fields
+
+
+def column(links: Sequence[dict], name: str) -> np.ndarray:
+    """One field of every link as an array (`_COLUMNS`: its type, and what an absent or None
+    value reads as)."""
+    cols = links.cols if isinstance(links, LinkList) else None
+    if cols is not None and name in cols:
+        return cols[name]
+    dtype, default = _COLUMNS[name]
+    if default is None:
+        values = (x[name] for x in links)
+    else:
+        values = (default if (v := x.get(name)) is None else v for x in links)
+    out = np.fromiter(values, dtype=dtype, count=len(links))
+    if cols is not None:
+        cols[name] = out
+    return out
+
+
+_COLUMNS = {  # name: (dtype, the value of an absent or None field; None: always there)
+    "a": (np.int64, None),
+    "b": (np.int64, None),
+    "gbps": (np.float64, None),
+    "rail": (np.int64, 0),
+    "starved": (np.float64, 0.0),  # not starved: 0
+    "gbps_ceiling": (np.float64, np.nan),  # no bound: NaN
+    "gbps_worst": (np.float64, np.nan),
+    "measurements": (np.int64, 1),
+    "round": (np.int64, None),
+    "reps": (np.int64, 0),
+    "starved_reps": (np.int64, 0),
+    "extra_reps": (np.int64, 0),
+    "cpu_wait_known": (bool, False),
+}
+
+
+def take(links: Sequence[dict], index) -> LinkList:
+    """The links at `index` (an array of positions, in order), with the columns made so far."""
+    idx = np.asarray(index, dtype=np.int64)
+    mine = isinstance(links, LinkList)
+    if mine and len(idx) == len(links) and (idx == np.arange(len(idx))).all():
+        return links  # all of them: the same list, its columns and results made once
+    out = LinkList([links[i] for i in idx.tolist()], merged=mine and links.merged)
+    if mine:
+        out.cols = {k: v[idx] for k, v in links.cols.items()}
+    return out
+
+
 def arrays(links: Sequence[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    count = len(links)
-    a = np.fromiter((x["a"] for x in links), dtype=np.int64, count=count)
-    b = np.fromiter((x["b"] for x in links), dtype=np.int64, count=count)
-    g = np.fromiter((x["gbps"] for x in links), dtype=np.float64, count=count)
-    return a, b, g
+    return column(links, "a"), column(links, "b"), column(links, "gbps")
 
 
 class ByNode:
@@ -85,6 +142,16 @@ class ByNode:
 
 
 def summarize(n: int, links: Sequence[dict], min_link_gbps: float | None) -> dict:
+    """What is typical, the spread and the threshold of `links` (read, never changed: a
+    `LinkList` keeps the result for the same arguments)."""
+    memo = links.memo if isinstance(links, LinkList) else {}
+    key = ("summarize", n, min_link_gbps)
+    if key not in memo:
+        memo[key] = _summarize(n, links, min_link_gbps)
+    return memo[key]
+
+
+def _summarize(n: int, links: Sequence[dict], min_link_gbps: float | None) -> dict:
     a, b, g = arrays(links)
     by = ByNode(n, a, b, g)
     node_median = by.medians(high=True)
@@ -117,8 +184,8 @@ def starved_bar(n: int, links: Sequence[dict], min_link_gbps: float | None) -> d
     every link was, those of the starved readings themselves (each a lower bound on its link),
     so that a uniformly starved set holds no outlier, and one far below the rest stays in
     doubt."""
-    judged = [x for x in links if not x.get("starved")]
-    return summarize(n, judged or links, min_link_gbps)
+    judged = np.flatnonzero(column(links, "starved") == 0)
+    return summarize(n, take(links, judged) if len(judged) else links, min_link_gbps)
 
 
 def judgeable(
@@ -130,24 +197,33 @@ def judgeable(
     node's links to set the typical, and nothing is named or measured again). One below it
     whose ceiling (`gbps_ceiling`, None: no bound) is clearly slow too is judged: its waits
     cannot have made it slow."""
+    doubt, bar = starved_doubt(n, links, min_link_gbps)
+    return take(links, np.flatnonzero(~doubt)), take(links, np.flatnonzero(doubt)), bar
+
+
+def starved_doubt(
+    n: int, links: Sequence[dict], min_link_gbps: float | None
+) -> tuple[np.ndarray, dict]:
+    """Per link, whether it is one `judgeable` leaves out (starved below the bar, its ceiling
+    not clearly slow); and the bar."""
     bar = starved_bar(n, links, min_link_gbps)
     cut = bar["threshold"] - MIN_MARGIN * bar["typical"]  # NaN: no ceiling is below it
-    judged, unjudged = [], []
-    for x in links:
-        ceiling = x.get("gbps_ceiling")
-        doubt = x.get("starved") and x["gbps"] < bar["threshold"]
-        doubt = doubt and not (ceiling is not None and ceiling < cut)
-        (unjudged if doubt else judged).append(x)
-    return judged, unjudged, bar
+    below = column(links, "gbps") < bar["threshold"]
+    doubt = (column(links, "starved") != 0) & below & ~(column(links, "gbps_ceiling") < cut)
+    return doubt, bar
 
 
 def by_rail(links: Sequence[dict]) -> dict[int, list[dict]]:
-    """Each rail's links in their order, grouped in one pass (not a scan of every link per
-    rail: issue 38's 16k ranks)."""
-    out: dict[int, list[dict]] = {}
-    for x in links:
-        out.setdefault(x.get("rail", 0), []).append(x)
-    return out
+    """Each rail's links in their order, grouped at once (not a scan of every link per rail:
+    issue 38's 16k ranks), in the order each rail first appears."""
+    rail = column(links, "rail")
+    rails, first = np.unique(rail, return_index=True)
+    order = np.argsort(rail, kind="stable")
+    bounds = np.searchsorted(rail[order], rails)
+    groups = np.split(order, bounds[1:])
+    return {
+        int(rails[k]): take(links, groups[k]) for k in np.argsort(first, kind="stable").tolist()
+    }
 
 
 def best_of(links: Sequence[dict]) -> list[dict]:
@@ -159,29 +235,77 @@ def best_of(links: Sequence[dict]) -> list[dict]:
     stays slow every time it is measured. `starved` stays only when every measurement was
     starved (the least starved fraction, and the higher `gbps_ceiling`): one measurement with
     both ends on a CPU is the link's own speed. Idempotent (merged links merge again with their
-    counts). Order: each pair where it first appears."""
-    best: dict[tuple[int, int, int], dict] = {}
-    for x in links:
-        a, b = x["a"], x["b"]
-        key = (a, b, x.get("rail", 0)) if a <= b else (b, a, x.get("rail", 0))
-        cur = best.get(key)
-        worst = _worst(x)
-        if cur is None:
-            best[key] = {**x, "measurements": x.get("measurements", 1), "gbps_worst": worst}
+    counts). Order: each pair where it first appears. A pair measured once is its link as it
+    is where the link carries both fields already (`pairing` builds them so): at 64k ranks
+    nearly every pair, and a copy of each was seconds (issue 38)."""
+    a, b, rail = column(links, "a"), column(links, "b"), column(links, "rail")
+    if not len(a):
+        return LinkList()
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    order = np.lexsort((np.arange(len(a)), rail, hi, lo))  # each pair's in their order
+    k = np.stack([lo, hi, rail])[:, order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (k[:, 1:] != k[:, :-1]).any(axis=0)
+    starts = np.flatnonzero(new)
+    sizes = np.diff(np.append(starts, len(order)))
+    first = order[starts]  # each pair's first appearance
+    groups = np.argsort(first, kind="stable")
+    if isinstance(links, LinkList) and links.merged and len(first) == len(links):
+        return links  # every link its own pair already (`first` is then every position)
+    out: list[dict] = []
+    merged: list[int] = []
+    if isinstance(links, LinkList) and links.merged:  # only the pairs measured again to merge
+        out = [links[i] for i in first[groups].tolist()]
+        for pos in np.flatnonzero(sizes[groups] > 1).tolist():
+            g = groups[pos]
+            cur = _first(links[first[g]])
+            for j in order[starts[g] + 1 : starts[g] + sizes[g]].tolist():
+                cur = _merge(cur, links[j])
+            out[pos] = cur
+            merged.append(pos)
+        groups = groups[:0]
+    for g in groups.tolist():
+        i = first[g]
+        x = links[i]
+        if sizes[g] == 1:
+            out.append(x if "measurements" in x and "gbps_worst" in x else _first(x))
             continue
-        starved = _starved_both(cur.get("starved"), x.get("starved"))
-        ceilings = (cur.get("gbps_ceiling"), x.get("gbps_ceiling"))
-        merged = {**x} if x["gbps"] > cur["gbps"] else cur
-        merged["measurements"] = cur["measurements"] + x.get("measurements", 1)
-        merged["gbps_worst"] = min(cur["gbps_worst"], worst)
-        merged.pop("starved", None)
-        merged.pop("gbps_ceiling", None)
-        if starved is not None:
-            merged["starved"] = starved
-            # the higher ceiling (none: unbounded), as the best reading is the higher one
-            merged["gbps_ceiling"] = None if None in ceilings else max(ceilings)
-        best[key] = merged
-    return list(best.values())
+        merged.append(len(out))
+        cur = _first(x)
+        for j in order[starts[g] + 1 : starts[g] + sizes[g]].tolist():
+            cur = _merge(cur, links[j])
+        out.append(cur)
+    result = LinkList(out, merged=True)
+    if isinstance(links, LinkList):  # the columns `_first` keeps, a merged pair's made anew
+        at = first[np.argsort(first, kind="stable")]
+        made = ("measurements", "gbps_worst")  # by `_first`, unless the links carried them
+        result.cols = {k: v[at] for k, v in links.cols.items() if links.merged or k not in made}
+        for name, col in result.cols.items():
+            default = _COLUMNS[name][1]
+            for i in merged:
+                v = out[i].get(name) if default is not None else out[i][name]
+                col[i] = default if v is None else v
+    return result
+
+
+def _first(x: dict) -> dict:
+    return {**x, "measurements": x.get("measurements", 1), "gbps_worst": _worst(x)}
+
+
+def _merge(cur: dict, x: dict) -> dict:
+    """A pair's measurements so far (`cur`) with one more (`x`)."""
+    starved = _starved_both(cur.get("starved"), x.get("starved"))
+    ceilings = (cur.get("gbps_ceiling"), x.get("gbps_ceiling"))
+    merged = {**x} if x["gbps"] > cur["gbps"] else cur
+    merged["measurements"] = cur["measurements"] + x.get("measurements", 1)
+    merged["gbps_worst"] = min(cur["gbps_worst"], _worst(x))
+    merged.pop("starved", None)
+    merged.pop("gbps_ceiling", None)
+    if starved is not None:
+        merged["starved"] = starved
+        # the higher ceiling (none: unbounded), as the best reading is the higher one
+        merged["gbps_ceiling"] = None if None in ceilings else max(ceilings)
+    return merged
 
 
 def _worst(x: dict) -> float:
@@ -216,12 +340,13 @@ def matrix(n: int, links: Sequence[dict]) -> list[list[float | None]]:
 
 def merge_rails(links: Sequence[dict]) -> list[dict]:
     """One entry per node pair: the slowest rail (one slow rail is a slow NIC on that pair)."""
-    best: dict[Pair, dict] = {}
-    for x in links:
-        key = (min(x["a"], x["b"]), max(x["a"], x["b"]))
-        if key not in best or x["gbps"] < best[key]["gbps"]:
-            best[key] = x
-    return [best[k] for k in sorted(best)]
+    a, b, g = arrays(links)
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    # per pair the slowest, the first of equals: sorted by pair, Gb/s, then position
+    order = np.lexsort((np.arange(len(a)), g, hi, lo))
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (lo[order][1:] != lo[order][:-1]) | (hi[order][1:] != hi[order][:-1])
+    return take(links, order[new])
 
 
 def rounded(v: float | None) -> float | None:

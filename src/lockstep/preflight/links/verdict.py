@@ -35,6 +35,7 @@ from lockstep.preflight.links.stats import (
     MIN_MARGIN,
     ByNode,
     best_of,
+    column,
     median,
     rounded,
     summarize,
@@ -57,7 +58,7 @@ def judge(
     [{a, b, gbps, margin_gbps, noise_gbps, exclude: [...]}, ...], "not_judged": [{a, b, gbps,
     why, ...}], "dropped", "exclude", "node_median_gbps"}. numpy throughout: 35,000 links
     between 4,096 nodes in well under a second (benchmarks/bench_links.py)."""
-    merged = list(links) if pairs_merged else best_of(links)
+    merged = links if pairs_merged else best_of(links)
     st = summarize(n, merged, min_link_gbps)
     a, b, by = st["a"], st["b"], st["by_node"]
     ev = evidence(merged, st, min_link_gbps)
@@ -120,9 +121,7 @@ def evidence(links: Sequence[dict], st: dict, min_link_gbps: float | None) -> di
     not judged: borderline (within the margin), noisy (repeats spread wider than the gap), or
     unconfirmed (slow in one measurement only)."""
     g, bar, typical = st["g"], st["bar"], st["typical"]
-    count = len(links)
-    worst = np.fromiter((x["gbps_worst"] for x in links), dtype=np.float64, count=count)
-    times = np.fromiter((x["measurements"] for x in links), dtype=np.int64, count=count)
+    worst, times = column(links, "gbps_worst"), column(links, "measurements")
     need = MIN_MARGIN * typical if not math.isnan(typical) else 0.0
     gap = bar - g  # NaN bar: every comparison False
     noise = g - worst
