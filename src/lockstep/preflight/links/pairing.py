@@ -107,120 +107,15 @@ def _links(lay: Layout, c: dict[str, np.ndarray], carried: tuple[str, ...], made
     reused where no record from the `old`-th on touches them (updated here)."""
     if not len(c.get("rank", ())):
         return LinkList(), LinkList()
-    rank, peer = c["rank"].astype(np.int64), c["peer"].astype(np.int64)
-    lo, hi = np.minimum(rank, peer), np.maximum(rank, peer)
-    rnd = c["round"].astype(np.int64)
-    side = (rank > peer).astype(np.int64)  # 0: the lower rank's record (ab), 1: ba
-    order = np.lexsort((np.arange(len(rank)), side, rnd, hi, lo))  # read order kept in a tie
-    k = np.stack([lo, hi, rnd])[:, order]
-    new_key = np.ones(len(order), dtype=bool)
-    new_key[1:] = (k[:, 1:] != k[:, :-1]).any(axis=0)
-    key_id = np.cumsum(new_key) - 1
-    links = int(key_id[-1]) + 1
-    # per link and side: the last record read (the sort keeps read order within a side)
-    s = side[order]
-    last = np.ones(len(order), dtype=bool)
-    last[:-1] = (key_id[1:] != key_id[:-1]) | (s[1:] != s[:-1])
-    ab = np.full(links, -1)
-    ba = np.full(links, -1)
-    ab[key_id[last & (s == 0)]] = order[last & (s == 0)]
-    ba[key_id[last & (s == 1)]] = order[last & (s == 1)]
-    first_read = np.full(links, len(rank))
-    np.minimum.at(first_read, key_id, order)
-    intra = c["intra"][first_read]  # the pair's kind: its first record's
-    has_ab, has_ba = ab >= 0, ba >= 0
-    x = np.where(has_ab, ab, ba)  # the first direction, y the second (where both)
-    y = np.where(has_ab & has_ba, ba, x)
-    g, low, starved = c["g"].astype(float), c["low"].astype(float), c["starved"].astype(float)
-    gbps = np.minimum(g[x], g[y])
-    low_l = np.minimum(low[x], low[y])
-    trusted = np.minimum(
-        np.where(starved[x] > 0, np.inf, g[x]), np.where(starved[y] > 0, np.inf, g[y])
-    )
-    both = y != x
-
-    def total(name: str) -> np.ndarray:
-        v = c[name].astype(np.int64)
-        return v[x] + np.where(both, v[y], 0)
-
-    known = c["known"][x] | c["known"][y]
-    r_lo = lo[order][new_key]
-    r_hi = hi[order][new_key]
-    r_rnd = rnd[order][new_key]
-    node, rail = lay_arrays(lay)
-    g_ab = _maybe(g, ab, has_ab)
-    g_ba = _maybe(g, ba, has_ba)
-    columns = {
-        "a": node[r_lo].tolist(),
-        "b": node[r_hi].tolist(),
-        "rail": rail[r_lo].tolist(),
-        "ranks": [[p, q] for p, q in zip(r_lo.tolist(), r_hi.tolist(), strict=True)],
-        "round": r_rnd.tolist(),
-        "gbps": gbps.tolist(),
-        "gbps_ab": g_ab,
-        "gbps_ba": g_ba,
-        "gbps_low": low_l.tolist(),
-    }
-    for name in carried:
-        col = c["carried:" + name]
-        columns[name] = [col[i] if i >= 0 else None for i in ab.tolist()]
-    columns["reps"] = total("reps").tolist()
-    columns["starved_reps"] = total("starved_reps").tolist()
-    columns["extra_reps"] = total("extra_reps").tolist()
-    columns["cpu_wait_known"] = known.tolist()
-    worst = np.minimum(low_l, gbps)
-    keys = list(zip(r_lo.tolist(), r_hi.tolist(), r_rnd.tolist(), strict=True))
-    fresh = np.zeros(links, dtype=bool)
-    fresh[key_id[order >= old]] = True
-    rows: list = [None] * links
-    if old:
-        for i in np.flatnonzero(~fresh).tolist():
-            rows[i] = made.get(keys[i])
-    build = [i for i, row in enumerate(rows) if row is None]
-    if len(build) == links:
-        rows = [dict(zip(columns, v, strict=True)) for v in zip(*columns.values(), strict=True)]
-    elif build:
-        picked = [[col[i] for i in build] for col in columns.values()]
-        for i, v in zip(build, zip(*picked, strict=True), strict=True):
-            rows[i] = dict(zip(columns, v, strict=True))
-    built = np.zeros(links, dtype=bool)
-    built[build] = True
-    # in doubt: no unstarved direction, or the slower one was starved (an unstarved one as
-    # slow settles it): the starved fraction and the ceiling of the directions that set it
-    doubt = ~(trusted <= gbps)
-    for i in np.flatnonzero(doubt & built).tolist():
-        dirs = (x[i],) if not both[i] else (x[i], y[i])
-        setting = [d for d in dirs if starved[d] > 0 and g[d] == gbps[i]]
-        rows[i]["starved"] = max(c["starved"][d].item() for d in setting)
-        ceilings = [c["ceiling"][d] for d in setting]
-        rows[i]["gbps_ceiling"] = None if np.isnan(ceilings).any() else max(ceilings).item()
-    worst_of = worst.tolist()
-    for i in np.flatnonzero(~intra & built).tolist():
-        rows[i]["measurements"], rows[i]["gbps_worst"] = 1, worst_of[i]
-    for i in build:
-        made[keys[i]] = rows[i]
-    ceiling = np.full(links, np.nan)
-    starved_l = np.zeros(links)
-    for i in np.flatnonzero(doubt).tolist():
-        starved_l[i] = rows[i]["starved"]
-        ceiling[i] = _nan(rows[i]["gbps_ceiling"])
-    cols = {
-        "a": node[r_lo],
-        "b": node[r_hi],
-        "gbps": gbps,
-        "rail": rail[r_lo],
-        "starved": starved_l,
-        "gbps_ceiling": ceiling,
-        "gbps_worst": worst,
-        "measurements": np.ones(links, dtype=np.int64),
-        "round": r_rnd,
-        "reps": total("reps"),
-        "starved_reps": total("starved_reps"),
-        "extra_reps": total("extra_reps"),
-        "cpu_wait_known": known,
-    }
+    p = _pair(c)
+    cols = _values(lay, c, p)
+    rows, fresh = _rows(_fields(c, p, cols, carried), p, made, old)
+    _doubts(c, p, cols, rows, fresh)
+    worst = cols["gbps_worst"].tolist()
+    for i in np.flatnonzero(~p["intra"] & fresh).tolist():
+        rows[i]["measurements"], rows[i]["gbps_worst"] = 1, worst[i]
     out = []
-    for part, extra in ((~intra, ()), (intra, ("gbps_worst", "measurements"))):
+    for part, extra in ((~p["intra"], ()), (p["intra"], ("gbps_worst", "measurements"))):
         idx = np.flatnonzero(part)
         kind = LinkList([rows[i] for i in idx.tolist()], merged=not extra)
         kind.cols = {k: v[idx] for k, v in cols.items() if k not in extra}
@@ -228,9 +123,134 @@ def _links(lay: Layout, c: dict[str, np.ndarray], carried: tuple[str, ...], made
     return out[0], out[1]
 
 
-def _maybe(values: np.ndarray, index: np.ndarray, has: np.ndarray) -> list:
-    out = values[np.where(has, index, 0)].tolist()
-    return [v if h else None for v, h in zip(out, has.tolist(), strict=True)]
+def _pair(c: dict) -> dict:
+    """The records sorted by (lower rank, higher rank, round): per link its key and the
+    records of its two directions (`ab`, `ba`: -1 where missing; `x` the first present, `y`
+    the second where both, else `x`), its kind (`intra`, its first record's)."""
+    rank, peer, rnd = c["rank"], c["peer"], c["round"]
+    lo, hi = np.minimum(rank, peer), np.maximum(rank, peer)
+    side = (rank > peer).astype(np.int64)  # 0: the lower rank's record (ab), 1: ba
+    order = np.lexsort((np.arange(len(rank)), side, rnd, hi, lo))  # read order kept in a tie
+    k = np.stack([lo, hi, rnd])[:, order]
+    new_key = np.ones(len(order), dtype=bool)
+    new_key[1:] = (k[:, 1:] != k[:, :-1]).any(axis=0)
+    key_id = np.cumsum(new_key) - 1
+    links = int(key_id[-1]) + 1
+    s = side[order]  # per link and side: the last record read
+    last = np.ones(len(order), dtype=bool)
+    last[:-1] = (key_id[1:] != key_id[:-1]) | (s[1:] != s[:-1])
+    ab, ba = np.full(links, -1), np.full(links, -1)
+    ab[key_id[last & (s == 0)]] = order[last & (s == 0)]
+    ba[key_id[last & (s == 1)]] = order[last & (s == 1)]
+    first_read = np.full(links, len(rank))
+    np.minimum.at(first_read, key_id, order)
+    x = np.where(ab >= 0, ab, ba)
+    y = np.where((ab >= 0) & (ba >= 0), ba, x)
+    lo_k, hi_k, rnd_k = k[:, new_key]
+    return {
+        "links": links, "order": order, "key_id": key_id, "ab": ab, "ba": ba, "x": x, "y": y,
+        "intra": c["intra"][first_read], "lo": lo_k, "hi": hi_k, "round": rnd_k,
+    }  # fmt: skip
+
+
+def _values(lay: Layout, c: dict, p: dict) -> dict[str, np.ndarray]:
+    """Every link's figures at once, as `stats.LinkList`'s columns: the slower direction's
+    Gb/s, the slowest transfer, the repeats summed, known if either end knew."""
+    x, y = p["x"], p["y"]
+    both = y != x
+    node, rail = lay_arrays(lay)
+    g, low = c["g"], c["low"]
+    gbps = np.minimum(g[x], g[y])
+    cols = {
+        "a": node[p["lo"]],
+        "b": node[p["hi"]],
+        "gbps": gbps,
+        "rail": rail[p["lo"]],
+        "starved": np.zeros(p["links"]),  # set for the links in doubt (`_doubts`)
+        "gbps_ceiling": np.full(p["links"], np.nan),
+        "gbps_low": np.minimum(low[x], low[y]),
+        "measurements": np.ones(p["links"], dtype=np.int64),
+        "round": p["round"],
+        "cpu_wait_known": c["known"][x] | c["known"][y],
+    }
+    cols["gbps_worst"] = np.minimum(cols["gbps_low"], gbps)
+    for name in ("reps", "starved_reps", "extra_reps"):
+        cols[name] = c[name][x] + np.where(both, c[name][y], 0)
+    return cols
+
+
+def _fields(c: dict, p: dict, cols: dict, carried: tuple[str, ...]) -> dict[str, list]:
+    """A link dict's fields, each a list over the links (in the order a link shows them)."""
+    lo, hi = p["lo"].tolist(), p["hi"].tolist()
+    fields = {
+        "a": cols["a"].tolist(),
+        "b": cols["b"].tolist(),
+        "rail": cols["rail"].tolist(),
+        "ranks": [[a, b] for a, b in zip(lo, hi, strict=True)],
+        "round": p["round"].tolist(),
+        "gbps": cols["gbps"].tolist(),
+        "gbps_ab": _maybe(c["g"], p["ab"]),
+        "gbps_ba": _maybe(c["g"], p["ba"]),
+        "gbps_low": cols["gbps_low"].tolist(),
+    }
+    for name in carried:
+        col = c["carried:" + name]
+        fields[name] = [col[i] if i >= 0 else None for i in p["ab"].tolist()]
+    for name in ("reps", "starved_reps", "extra_reps", "cpu_wait_known"):
+        fields[name] = cols[name].tolist()
+    return fields
+
+
+def _rows(fields: dict[str, list], p: dict, made: dict, old: int) -> tuple[list, np.ndarray]:
+    """The link dicts: those made before (`made`) where no record from the `old`-th on touches
+    them, the others made now (all at once on the first pass); and which were made now."""
+    links = p["links"]
+    keys = list(zip(p["lo"].tolist(), p["hi"].tolist(), p["round"].tolist(), strict=True))
+    touched = np.zeros(links, dtype=bool)
+    touched[p["key_id"][p["order"] >= old]] = True
+    rows: list = [None] * links
+    if old:
+        for i in np.flatnonzero(~touched).tolist():
+            rows[i] = made.get(keys[i])
+    build = [i for i, row in enumerate(rows) if row is None]
+    if len(build) == links:
+        rows = [dict(zip(fields, v, strict=True)) for v in zip(*fields.values(), strict=True)]
+    elif build:
+        picked = [[col[i] for i in build] for col in fields.values()]
+        for i, v in zip(build, zip(*picked, strict=True), strict=True):
+            rows[i] = dict(zip(fields, v, strict=True))
+    for i in build:
+        made[keys[i]] = rows[i]
+    fresh = np.zeros(links, dtype=bool)
+    fresh[build] = True
+    return rows, fresh
+
+
+def _doubts(c: dict, p: dict, cols: dict, rows: list, fresh: np.ndarray) -> None:
+    """The links in doubt: no unstarved direction, or the slower one was starved (an unstarved
+    one as slow settles it). Each carries the starved fraction and the ceiling of the
+    directions that set it (on the dicts made now, and in `cols`)."""
+    x, y, gbps = p["x"], p["y"], cols["gbps"]
+    g, starved = c["g"], c["starved"]
+    trusted = np.minimum(
+        np.where(starved[x] > 0, np.inf, g[x]), np.where(starved[y] > 0, np.inf, g[y])
+    )
+    for i in np.flatnonzero(~(trusted <= gbps)).tolist():
+        row = rows[i]
+        if fresh[i]:
+            dirs = (x[i],) if y[i] == x[i] else (x[i], y[i])
+            setting = [d for d in dirs if starved[d] > 0 and g[d] == gbps[i]]
+            row["starved"] = max(starved[d].item() for d in setting)
+            ceilings = [c["ceiling"][d] for d in setting]
+            row["gbps_ceiling"] = None if np.isnan(ceilings).any() else max(ceilings).item()
+        cols["starved"][i] = row["starved"]
+        cols["gbps_ceiling"][i] = _nan(row["gbps_ceiling"])
+
+
+def _maybe(values: np.ndarray, index: np.ndarray) -> list:
+    """`values` at `index`, None where the index is -1 (that direction was not measured)."""
+    out = values[np.where(index >= 0, index, 0)].tolist()
+    return [v if i >= 0 else None for v, i in zip(out, index.tolist(), strict=True)]
 
 
 def lay_arrays(lay: Layout) -> tuple[np.ndarray, np.ndarray]:

@@ -88,6 +88,7 @@ _COLUMNS = {  # name: (dtype, the value of an absent or None field; None: always
     "starved": (np.float64, 0.0),  # not starved: 0
     "gbps_ceiling": (np.float64, np.nan),  # no bound: NaN
     "gbps_worst": (np.float64, np.nan),
+    "gbps_low": (np.float64, np.nan),
     "measurements": (np.int64, 1),
     "round": (np.int64, None),
     "reps": (np.int64, 0),
