@@ -39,7 +39,7 @@ def layout(dist, torch, device, local_rank: int | None) -> Layout:
     me = torch.tensor([*name, (local_rank if local_rank is not None else -1) + 1], device=device)
     out = [torch.empty_like(me) for _ in range(dist.get_world_size())]
     dist.all_gather(out, me)
-    rows = [r.cpu().tolist() for r in out]
+    rows = torch.stack(out).cpu().tolist()  # one copy, not one per rank (64k at scale)
     hosts_of = [bytes(r[:_HOST_BYTES]).rstrip(b"\0").decode(errors="replace") for r in rows]
     local = [r[-1] - 1 for r in rows]
     by_host = _group(hosts_of)
