@@ -38,7 +38,7 @@ class Pairing:
         self._cols: dict[str, np.ndarray | list] = {}  # the records read so far, by field
         self._seen: dict[int, int] = {}  # rank -> how many of its records are read
         self._carried = measure.carried()
-        self._made: dict[tuple[int, int, int], dict] = {}  # the links made, by pair and round
+        self._made: dict = {}  # the links made by the last call, and their keys (`_rows`)
         self._batches = 0  # the passes' batches read (`records.Records`)
 
     def links(self, records: Mapping[int, list[dict]]) -> tuple[list[dict], list[dict]]:
@@ -109,7 +109,7 @@ def _links(lay: Layout, c: dict[str, np.ndarray], carried: tuple[str, ...], made
         return LinkList(), LinkList()
     p = _pair(c)
     cols = _values(lay, c, p)
-    rows, fresh = _rows(_fields(c, p, cols, carried), p, made, old)
+    rows, fresh = _rows(c, p, cols, carried, made, old)
     _doubts(c, p, cols, rows, fresh)
     worst = cols["gbps_worst"].tolist()
     for i in np.flatnonzero(~p["intra"] & fresh).tolist():
@@ -179,50 +179,60 @@ def _values(lay: Layout, c: dict, p: dict) -> dict[str, np.ndarray]:
     return cols
 
 
-def _fields(c: dict, p: dict, cols: dict, carried: tuple[str, ...]) -> dict[str, list]:
-    """A link dict's fields, each a list over the links (in the order a link shows them)."""
-    lo, hi = p["lo"].tolist(), p["hi"].tolist()
+def _fields(c: dict, p: dict, cols: dict, carried: tuple[str, ...], at: np.ndarray) -> dict:
+    """The fields of the link dicts at positions `at`, each a list (in the order a link shows
+    them)."""
+    lo, hi = p["lo"][at].tolist(), p["hi"][at].tolist()
+    ab, ba = p["ab"][at], p["ba"][at]
     fields = {
-        "a": cols["a"].tolist(),
-        "b": cols["b"].tolist(),
-        "rail": cols["rail"].tolist(),
+        "a": cols["a"][at].tolist(),
+        "b": cols["b"][at].tolist(),
+        "rail": cols["rail"][at].tolist(),
         "ranks": [[a, b] for a, b in zip(lo, hi, strict=True)],
-        "round": p["round"].tolist(),
-        "gbps": cols["gbps"].tolist(),
-        "gbps_ab": _maybe(c["g"], p["ab"]),
-        "gbps_ba": _maybe(c["g"], p["ba"]),
-        "gbps_low": cols["gbps_low"].tolist(),
+        "round": p["round"][at].tolist(),
+        "gbps": cols["gbps"][at].tolist(),
+        "gbps_ab": _maybe(c["g"], ab),
+        "gbps_ba": _maybe(c["g"], ba),
+        "gbps_low": cols["gbps_low"][at].tolist(),
     }
     for name in carried:
         col = c["carried:" + name]
-        fields[name] = [col[i] if i >= 0 else None for i in p["ab"].tolist()]
+        fields[name] = [col[i] if i >= 0 else None for i in ab.tolist()]
     for name in ("reps", "starved_reps", "extra_reps", "cpu_wait_known"):
-        fields[name] = cols[name].tolist()
+        fields[name] = cols[name][at].tolist()
     return fields
 
 
-def _rows(fields: dict[str, list], p: dict, made: dict, old: int) -> tuple[list, np.ndarray]:
-    """The link dicts: those made before (`made`) where no record from the `old`-th on touches
-    them, the others made now (all at once on the first pass); and which were made now."""
+_KEY_BITS = 21  # a link's key as one int64: (lower rank, higher rank, round), 21 bits each
+
+
+def _rows(c: dict, p: dict, cols: dict, carried: tuple, made: dict, old: int):
+    """The link dicts: those made before (`made`: the last call's keys and dicts) where no
+    record from the `old`-th on touches them, the others made now (at once); and which were
+    made now."""
     links = p["links"]
-    keys = list(zip(p["lo"].tolist(), p["hi"].tolist(), p["round"].tolist(), strict=True))
-    touched = np.zeros(links, dtype=bool)
-    touched[p["key_id"][p["order"] >= old]] = True
+    key = (p["lo"] << (2 * _KEY_BITS)) | (p["hi"] << _KEY_BITS) | p["round"]
+    fits = max(p["hi"].max(), p["round"].max()) < (1 << _KEY_BITS)
     rows: list = [None] * links
-    if old:
-        for i in np.flatnonzero(~touched).tolist():
-            rows[i] = made.get(keys[i])
-    build = [i for i, row in enumerate(rows) if row is None]
+    fresh = np.ones(links, dtype=bool)
+    if old and fits and made.get("keys") is not None:
+        touched = np.zeros(links, dtype=bool)
+        touched[p["key_id"][p["order"] >= old]] = True
+        before, pos = made["keys"], np.searchsorted(made["keys"], key)
+        pos = np.minimum(pos, len(before) - 1)
+        fresh = touched | (before[pos] != key)
+        was = made["rows"]
+        for i, k in zip(np.flatnonzero(~fresh).tolist(), pos[~fresh].tolist(), strict=True):
+            rows[i] = was[k]
+    build = np.flatnonzero(fresh)
+    fields = _fields(c, p, cols, carried, build)
+    made_now = [dict(zip(fields, v, strict=True)) for v in zip(*fields.values(), strict=True)]
     if len(build) == links:
-        rows = [dict(zip(fields, v, strict=True)) for v in zip(*fields.values(), strict=True)]
-    elif build:
-        picked = [[col[i] for i in build] for col in fields.values()]
-        for i, v in zip(build, zip(*picked, strict=True), strict=True):
-            rows[i] = dict(zip(fields, v, strict=True))
-    for i in build:
-        made[keys[i]] = rows[i]
-    fresh = np.zeros(links, dtype=bool)
-    fresh[build] = True
+        rows = made_now
+    else:
+        for i, row in zip(build.tolist(), made_now, strict=True):
+            rows[i] = row
+    made["keys"], made["rows"] = (key, rows) if fits else (None, None)
     return rows, fresh
 
 

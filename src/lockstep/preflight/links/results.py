@@ -197,8 +197,10 @@ def _columns(values, none, ok: list[int]) -> dict:
     order, as `_dicts` lists them), each field's absent value as a record's reader takes it."""
     spec = fields()
     at = {key: j for j, (key, kind) in reversed(list(enumerate(spec))) if kind != "type"}
-    ri, si = np.nonzero(~none[:, :, 0])  # the slots with a peer
-    v, unset = values[ri, si], none[ri, si]
+    used = np.flatnonzero(~none[:, :, 0].reshape(-1))  # the slots with a peer, rank by rank
+    ri = used // none.shape[1]
+    v = values.reshape(-1, values.shape[2])[used]
+    unset = none.reshape(-1, none.shape[2])[used]
 
     def col(key: str, absent: float) -> np.ndarray:
         return np.where(unset[:, at[key]], absent, v[:, at[key]])
@@ -219,7 +221,11 @@ def _columns(values, none, ok: list[int]) -> dict:
         cols[key] = col(key, 0.0).astype(np.int64)
     for name in measure.carried():  # as the type it was: float, int or bool (`_TYPES`)
         j = at[name]
-        nums, kinds, gone = v[:, j].tolist(), v[:, j + 1].tolist(), unset[:, j].tolist()
+        nums = v[:, j].tolist()
+        if (v[:, j + 1] == 0).all() and not unset[:, j].any():  # every one a float: as it is
+            cols["carried:" + name] = nums
+            continue
+        kinds, gone = v[:, j + 1].tolist(), unset[:, j].tolist()
         cols["carried:" + name] = [
             None if u else x if k == 0 else int(x) if k == 1 else x != 0
             for x, k, u in zip(nums, kinds, gone, strict=True)
