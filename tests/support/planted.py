@@ -2,8 +2,8 @@
 per form, and the environment that carries them into fingerprints; and `lockstep preflight
 --nproc 2` launched with them planted, once per test run, for the tests that read its outputs
 (tests/test_planted_secrets.py searches them for every planted value,
-tests/preflight/test_preflight_ranks.py checks the verdict and the report): two rank
-processes fewer than a launch each."""
+tests/preflight/test_preflight_ranks.py checks the verdict and the report): one launch for
+both, not one each (two rank interpreters and a launching one fewer)."""
 
 from __future__ import annotations
 
