@@ -40,13 +40,16 @@ def forkserver():
 # Modules holding the CPU tier's longest single tests (15-37 s each, docs/benchmarks.md), and
 # those of several 5-10 s tests that collection order puts last, first: pytest-xdist deals
 # tests out in collection order, and what is dealt last runs on one worker while the others
-# sit idle.
+# sit idle. tests/preflight sorts near the end: its launches by hand (6 tests, 55 CPU-s, the
+# deepspeed launcher's alone 16 CPU-s in 28 s) and its forgeries (5 tests, 18 CPU-s) go first.
 LONGEST_FIRST = (
     "test_planted_secrets.py",
     "test_gate_reference.py",
+    "test_preflight_ranks.py",
     "test_resume_eight_ranks.py",
     "test_train_engines.py",
     "test_distributed_marker.py",
+    "test_preflight_signed.py",
     "test_leftovers.py",
 )
 

@@ -8,144 +8,39 @@ traceback) is searched for every planted value.
 One test on purpose: it runs the real commands once (fingerprint, a 2-rank preflight, a short
 training, a training whose rank raises, a failing training override, a training whose import
 fails, a check on a crashing script and on one that diverges, a gate golden and a comparison
-with it, an inner pytest session of distributed tests) and reads everything.
+with it, an inner pytest session of distributed tests) and reads everything. The preflight is
+the one tests/preflight/test_preflight_ranks.py reads too, launched once (`support.planted`).
 """
 
 from __future__ import annotations
 
-import base64
 import html
 import json
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-from lockstep.launch.detect import LAUNCHER_VARIABLES
 from support.inprocess import run_main
+from support.planted import (
+    ENVIRON_LINE,
+    FREE_TEXT,
+    JOB_KEY,
+    JSON_TEXT,
+    PEM,
+    PIN,
+    SECRETS,
+    SHAPES,
+    SIGNED_URL,
+    TOKEN,
+    URL_PASSWORD,
+    YAML,
+    S,
+    clean_environ,
+    planted_preflight,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-
-# The values attackers look for; each unique, long enough that a hit is never chance.
-PIN = "4711"  # short: must not be recoverable from any digest either
-SECRETS = {
-    "url_at": "p4ss@w0rd@",
-    "url_space": "pa55 w0rd",
-    "url_slash": "pa/55wd",
-    "key_value": "kv-s3cret-9812",
-    "flag_eq": "flag-tok-7731",
-    "flag_space": "flag-tok-5512",
-    "bearer": "eyJhbGciOi.bearer-8821",
-    "json": "json-tok-6644",
-    "query": "q-tok-9931",
-    "signature": "deadbeef5517sig",
-    "pem": "MIIEowIBAAKCAQEAplanted",
-    "pgpass": "pg-pass-3317",
-    "db_pass": "db-pass-4429",
-    "passphrase": "open-sesame-2281",
-    "private": "priv-material-6627",
-    "credential": "cred-val-1184",
-    "cookie": "cookie-val-7719",
-    "session": "session-val-3392",
-    "conn": "Server=db;Pwd=conn-9921",
-    "nested": "nested-cred-5573",
-    # known token shapes, bare or under innocuous names (issue #27)
-    "ghp": "ghp_" + "Pl4nt3dGh" * 4,
-    "github_pat": "github_pat_11PLANTED0" + "Gh7" * 10,
-    "hf": "hf_" + "Pl4ntedHf" * 4,
-    "openai": "sk-proj-" + "Pl4ntedOa" * 4,
-    "slack": "xoxb-2401-9327-Pl4ntedSlack",
-    "gitlab": "glpat-" + "Pl4ntedGl" * 3,
-    "aws": "AKIAPL4NTED0AWS7QXYZ",
-    "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJwbGFudGVkIn0.Pl4ntedJwtSig",
-    "slack_hook": "T0PLANT/B0PLANT/slackHookPl4nted",
-    "discord_hook": "987654321/discordHookPl4nted",
-    "pw": "pw-val-8142",
-    "pswd": "pswd-val-2290",
-    "gh_pat": "gh-pat-val-6631",
-    "job_jwt": "job-jwt-val-5120",
-    "wandb_key": "0f1e2d3c4b5a69788796a5b4c3d2e1f0wandb7788",
-    # structural forms
-    "argv_repr": "argv-repr-tok-4410",
-    "environ_src": "environ-src-tok-7712",
-    "quoted_flag": "quoted flag-tok-3341",
-    "short_flag": "short-flag-pw-9030",
-    "set_nested": "set-nested-pw-1167",
-    "config_repr": "config-repr-key-5561",
-    "azure": "azureAccKey2251==",
-    "yaml_rest": "yaml rest-of-line-8870",
-    "yaml_block": "yaml-block-line-6618",
-    "pin": PIN,
-    # forms that still leaked (issue #37)
-    "netrc": "netrc-pw-6120",
-    "dapi": "dapi" + "a1b2c3d4e5f60718" * 2,
-    "mysql": "mysql-pw-5533",
-    "colon_pw": "colon-pw-7241",
-    "ya29": "ya29.Pl4ntedGoogle" + "Tok3n" * 4,
-    "sendgrid": "SG.Pl4ntedSendGrid01.Pl4ntedSendGridSecret02",
-    "twilio": "SK" + "0f1e2d3c4b5a6978" * 2,
-    "tab_pw": "tab-pw-3318",
-    "urlenc": "urlenc-pw-9027",
-    "basic_b64": base64.b64encode(b"alice:basic-pw-4471").decode(),
-}
-S = SECRETS
-FREE_TEXT = (
-    f"https://alice:{S['url_at']}ex.com/a https://bob:{S['url_space']}@ex.com/b "
-    f"https://carol:{S['url_slash']}@ex.com/c API_KEY={S['key_value']} --token={S['flag_eq']} "
-    f"--api-key {S['flag_space']} Authorization: Bearer {S['bearer']}"
-)
-JSON_TEXT = json.dumps({"token": S["json"], "credentials": {"password": S["nested"]}})
-SIGNED_URL = f"https://s3.ex.com/o?token={S['query']}&X-Amz-Signature={S['signature']}&a=1"
-PEM = f"-----BEGIN RSA PRIVATE KEY-----\n{S['pem']}\n-----END RSA PRIVATE KEY-----"
-# The issue's forms, one line of prose (tokens bare and structural forms) and a YAML document.
-SHAPES = (
-    f"cloned with {S['ghp']} and {S['github_pat']}; model via {S['hf']}; llm {S['openai']}; "
-    f"bot {S['slack']}; ci {S['gitlab']}; aws {S['aws']}; id {S['jwt']}; "
-    f"https://hooks.slack.com/services/{S['slack_hook']} "
-    f"https://discord.com/api/webhooks/{S['discord_hook']} "
-    f"PW={S['pw']} DB_PSWD={S['pswd']} GH_PAT={S['gh_pat']} CI_JOB_JWT={S['job_jwt']} "
-    f"wandb: ERROR Invalid API key {S['wandb_key']} "
-    f"Command '['train', '--token', '{S['argv_repr']}']' failed; "
-    f'run --token "{S["quoted_flag"]}" -p {S["short_flag"]} --set a=1,password={S["set_nested"]} '
-    f"got Config(name='m', api_key='{S['config_repr']}') "
-    f"DefaultEndpointsProtocol=https;AccountName=a;AccountKey={S['azure']};EndpointSuffix=x "
-    f"machine api.ex.com login alice password {S['netrc']} token {S['dapi']} "
-    f"mysql -u root -p{S['mysql']} db password:{S['colon_pw']} oauth {S['ya29']} "
-    f"mail {S['sendgrid']} sms {S['twilio']} PASSWORD\t{S['tab_pw']} "
-    f"next=%2Fa%3Fpassword%3D{S['urlenc']}%26b%3D1 auth {S['basic_b64']}"
-)
-YAML = (
-    f"db:\n  password: {S['yaml_rest']}\n  secret: |\n    {S['yaml_block']}\n    more\n  host: h\n"
-)
-# A traceback's source line that assigns a secret (Python prints the raising line).
-ENVIRON_LINE = f'os.environ["HF_TOKEN"] = "{S["environ_src"]}"; raise RuntimeError(MESSAGE)'
-
-# Collected into fingerprints (NCCL_/TORCH_/... prefixes), so they reach every report.
-ENV = {
-    "TORCH_PGPASS": S["pgpass"],
-    "NCCL_DB_PASS": S["db_pass"],
-    "TORCH_GPG_PASSPHRASE": S["passphrase"],
-    "TORCH_SSH_PRIVATE": S["private"],
-    "TORCH_CREDENTIAL": S["credential"],
-    "TORCH_COOKIE": S["cookie"],
-    "TORCH_SESSION": S["session"],
-    "TORCH_DB_CONNECTION_STRING": S["conn"],
-    "TORCH_PIN_PASSWORD": PIN,
-    "TORCH_EXTRA_ARGS": FREE_TEXT,
-    "TORCH_JSON_CONFIG": JSON_TEXT,
-    "TORCH_MODEL_URL": SIGNED_URL,
-    "TORCH_TLS_KEY": PEM,
-    "TORCH_SHAPES": SHAPES,
-    "TORCH_YAML": YAML,
-    "TORCH_PW": S["pw"],
-    "NCCL_DB_PSWD": S["pswd"],
-    "TORCH_GH_PAT": S["gh_pat"],
-    "TORCH_CI_JOB_JWT": S["job_jwt"],
-    # Names that are not secret: their values must survive (false positives, issue #27).
-    "TORCH_ENV_KEY": "cpu-torch-survives",
-    "TORCH_TOKENS_PER_S": "12345.5",
-}
 
 CRASHING_SCRIPT = f"""
 import os, sys
@@ -240,16 +135,12 @@ def lockstep(args: list[str], cwd: Path, env: dict) -> str:
     return f"$ lockstep {args[0]} -> {result.returncode}\n{result.stdout}{result.stderr}"
 
 
-def test_no_planted_secret_reaches_any_output(tmp_path):
+def test_no_planted_secret_reaches_any_output(tmp_path, tmp_path_factory):
     out = tmp_path / "out"
     out.mkdir()
     summary = out / "step-summary.md"
-    # A clean launch: no launcher variable another test may have left in this worker's
-    # environment (a half-set launcher makes preflight exit 2 before it writes anything).
-    base = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
-    env = dict(base, **ENV, GITHUB_STEP_SUMMARY=str(summary), WANDB_MODE="offline")
-    env.pop("LOCKSTEP_REDACT_KEY", None)
-    env.pop("LOCKSTEP_REDACT_SALT", None)
+    env = clean_environ(GITHUB_STEP_SUMMARY=str(summary), WANDB_MODE="offline")
+    preflight, preflight_out = planted_preflight(tmp_path_factory)
     for name, text in zip(
         INPUTS,
         (CRASHING_SCRIPT, LEAKY_DATA, CHATTY_DATA, LEAKY_IMPORT, DIVERGING_SCRIPT, PLUGIN_TESTS),
@@ -260,19 +151,7 @@ def test_no_planted_secret_reaches_any_output(tmp_path):
 
     terminal = [
         lockstep(["fingerprint", "--json", str(out / "fp.json")], tmp_path, env),
-        lockstep(
-            [
-                "preflight",
-                "--nproc",
-                "2",
-                "--timeout",
-                "300",
-                "--json",
-                str(out / "preflight.json"),
-            ],
-            tmp_path,
-            env,
-        ),
+        f"$ lockstep preflight -> {preflight.returncode}\n{preflight.stdout}{preflight.stderr}",
         lockstep(
             [
                 "train",
@@ -440,9 +319,12 @@ def test_no_planted_secret_reaches_any_output(tmp_path):
             texts[str(path.relative_to(out if path.is_relative_to(out) else tmp_path))] = (
                 path.read_bytes().decode("utf-8", "replace")
             )
+    # The preflight's files (its report, its step summary), in the folder it was launched in.
+    texts["preflight.json"] = (preflight_out / "report.json").read_text()
+    texts["preflight-summary.md"] = (preflight_out / "summary.md").read_text()
 
     # The runs really happened and wrote what is searched.
-    assert (out / "fp.json").is_file() and (out / "preflight.json").is_file(), terminal[:2]
+    assert (out / "fp.json").is_file() and preflight.returncode == 0, terminal[:2]
     assert summary.is_file()
     assert any(name.endswith("metrics.jsonl") for name in texts), sorted(texts)
     assert any("wandb" in name for name in texts), (
@@ -476,10 +358,11 @@ def test_no_planted_secret_reaches_any_output(tmp_path):
     # Names that are not secret keep their values.
     assert "cpu-torch-survives" in texts["fp.json"] and "12345.5" in texts["fp.json"]
 
+    planted = {**SECRETS, "token": TOKEN, "job_key": JOB_KEY, "url_password": URL_PASSWORD}
     leaks = [
         f"{form} ({value!r}) in {name}: ...{text[max(0, text.index(value) - 200) : text.index(value)]!r}"
         for name, text in texts.items()
-        for form, value in SECRETS.items()
+        for form, value in planted.items()
         if value in text and form != "pin"
     ]
     # The PIN is short enough to appear by chance in numbers (a golden's `"rss": 4711...`):

@@ -59,6 +59,9 @@ def test_example_passes_every_check(tmp_path):
     runs = sorted(p.parent.name for p in (tmp_path / "runs").glob("*/run.log"))
     assert len(runs) == 9 and "world-size-1-reordered-1" in runs, runs
     assert "rounding noise" in results[2]["summary"], results[2]
+    # the example holds no buffers: its buffer digest covers nothing and is not claimed
+    assert "(loss, grad_norm, param_digest)" in results[3]["summary"], results[3]
+    assert "the model holds no buffers" in " ".join(results[3]["notes"]), results[3]
 
 
 @pytest.mark.parametrize(

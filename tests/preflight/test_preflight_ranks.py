@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from lockstep.launch import free_port
+from support.planted import JOB_KEY, TOKEN, URL_PASSWORD, planted_preflight
 from support.preflight_ranks import (
     LAUNCH_TIMEOUT_S,
     base_env,
@@ -28,33 +29,18 @@ from support.preflight_ranks import (
     wait_served,
 )
 
-SECRET = "planted-secret-7f3a9"
-JOB_KEY = "planted-job-key-" + "9e" * 16  # the operator's key: signs, never shown
-URL_PASSWORD = "planted-url-pw-55c1"
-
 
 def all_text(results: dict, *files: Path) -> str:
     texts = [r["out"] + r["err"] for r in results.values()]
     return "\n".join(texts + [f.read_text() for f in files if f.exists()])
 
 
-def test_clean_two_ranks_pass_and_leak_no_secret(tmp_path):
-    """The embedded default, `lockstep preflight --nproc 2`, with secrets planted in its env."""
-    summary, report_path = tmp_path / "summary.md", tmp_path / "report.json"
-    env = base_env(
-        GITHUB_STEP_SUMMARY=str(summary),
-        TORCH_PLANTED_TOKEN=SECRET,
-        NCCL_PLANTED_PROXY=f"http://bob:{URL_PASSWORD}@proxy:3128",
-        LOCKSTEP_JOB_KEY=JOB_KEY,
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "lockstep", "preflight", "--nproc", "2", "--json", str(report_path)],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=LAUNCH_TIMEOUT_S,
-    )
+def test_clean_two_ranks_pass_and_leak_no_secret(tmp_path_factory):
+    """The embedded default, `lockstep preflight --nproc 2`, with secrets planted in its env:
+    the launch tests/test_planted_secrets.py searches for every planted form (one launch for
+    both, `support.planted`)."""
+    proc, folder = planted_preflight(tmp_path_factory)
+    summary, report_path = folder / "summary.md", folder / "report.json"
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(report_path.read_text())
     assert report["ok"] and report["world_size"] == 2 and report["backend"] == "gloo"
@@ -76,7 +62,7 @@ def test_clean_two_ranks_pass_and_leak_no_secret(tmp_path):
     assert compared in summary.read_text()
 
     text = "\n".join([proc.stdout, proc.stderr, report_path.read_text(), summary.read_text()])
-    assert SECRET not in text and URL_PASSWORD not in text and JOB_KEY not in text
+    assert TOKEN not in text and URL_PASSWORD not in text and JOB_KEY not in text
     assert report["authenticated"] is True
     env_section = report["fingerprints"]["0"]["sections"]["env"]
     assert env_section["TORCH_PLANTED_TOKEN"].startswith("<redacted:")
@@ -106,14 +92,14 @@ def test_rank_1_mismatch_exits_1_and_is_named(tmp_path):
         tmp_path,
         args=["--timeout", "60", "--json", str(report_path), "--min-busbw", "1e6"],
         per_rank_env={
-            0: {"GITHUB_STEP_SUMMARY": str(summary), "TORCH_PLANTED_TOKEN": SECRET},
+            0: {"GITHUB_STEP_SUMMARY": str(summary), "TORCH_PLANTED_TOKEN": TOKEN},
             1: {
                 "NCCL_ALGO": "Ring",
                 # the extra site first, then whatever put lockstep on the path
                 "PYTHONPATH": os.pathsep.join(
                     filter(None, [str(site), os.environ.get("PYTHONPATH")])
                 ),
-                "TORCH_PLANTED_TOKEN": SECRET + "-rank1",
+                "TORCH_PLANTED_TOKEN": TOKEN + "-rank1",
             },
         },
         per_rank_args={0: ["--lock", str(lock_a)], 1: ["--lock", str(lock_b)]},
@@ -135,7 +121,7 @@ def test_rank_1_mismatch_exits_1_and_is_named(tmp_path):
     token = fields["env.TORCH_PLANTED_TOKEN"]  # differing secrets: two hashes, no value
     assert token["value"] != token["expected"]
     assert token["value"].startswith("<redacted:") and token["expected"].startswith("<redacted:")
-    assert SECRET not in all_text(results, report_path, summary)
+    assert TOKEN not in all_text(results, report_path, summary)
 
     assert "slowest rank" in report["bandwidth"]["below_min"]
     assert any("below --min-busbw" in p for p in report["problems"])

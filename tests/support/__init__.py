@@ -8,4 +8,5 @@ sys.path: pytest puts the root conftest's folder there).
 - `multinode_train`: `lockstep train` on the cluster bed and its comparisons (tests/cluster).
 - `configs`: a quiet run's config section and `--set` overrides, `assert_passed`;
 - `tiny`: a user's model and data factories that train in milliseconds (`TinyLM`).
+- `planted`: the planted secrets, and the one preflight launch with them that two tests read.
 """
