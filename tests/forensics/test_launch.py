@@ -60,7 +60,9 @@ def test_a_jobs_own_dumps_read_back(tmp_path, capsys):
     folder = tmp_path / "dumps"
     folder.mkdir()
     log = tmp_path / "run.log"
-    done = launch([PLANTED, "jobdump", "0", str(folder)], 2, log, env=_env(), timeout=120)
+    done = launch(
+        [PLANTED, "jobdump", "0", str(folder)], 2, log, env=_env(), timeout=120, run_path=True
+    )
     assert done.code == 0, log.read_text()[-2000:]
     assert sorted(p.name for p in folder.iterdir())[0] == "nccl_trace_rank_0"
     assert main(["forensics", "hang", str(folder)]) == 1
