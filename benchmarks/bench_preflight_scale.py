@@ -257,14 +257,13 @@ class FakeGather:
     """The collective's transport, emulated: `all_gather` hands over every rank's row."""
 
     def __init__(self, rows: list[list[int]]):
-        self.rows = rows
+        self.rows = torch.tensor(rows)
 
     def get_world_size(self) -> int:
         return len(self.rows)
 
-    def all_gather(self, out, _mine) -> None:
-        for i, row in enumerate(self.rows):
-            out[i] = torch.tensor(row)
+    def all_gather_into_tensor(self, out, _mine) -> None:
+        out.copy_(self.rows.view(-1))
 
 
 class FakeP2P:
@@ -404,8 +403,9 @@ def run_size(n: int, per: int = 8, procs: int = 4, threads: int = 8, cap_s: floa
             opened = [collectives.open_ints(store.signer, "rows", r, x) for r, x in enumerate(rows)]
             groups = compare.group_ranks(digests)
             store.put_text("fp/0", fingerprint.canonical_json(fp))
+        gathered = FakeGather(hosts)  # the transport's part: every rank's row, at rank 0
         with timer.phase("layout (every rank)"):
-            lay = layout(FakeGather(hosts), torch, torch.device("cpu"), 0)
+            lay = layout(gathered, torch, torch.device("cpu"), 0)
         kind, first = schedule.schedule(len(lay.hosts))
         first_rounds, nodes, sampled = [None, *first], len(lay.hosts), kind == "sampled"
         p2p = FakeP2P()

@@ -37,9 +37,10 @@ def layout(dist, torch, device, local_rank: int | None) -> Layout:
     """Every rank's host and local rank, by one all-gather of fixed size."""
     name = socket.gethostname().encode()[:_HOST_BYTES].ljust(_HOST_BYTES, b"\0")
     me = torch.tensor([*name, (local_rank if local_rank is not None else -1) + 1], device=device)
-    out = [torch.empty_like(me) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, me)
-    rows = torch.stack(out).cpu().tolist()  # one copy, not one per rank (64k at scale)
+    world = dist.get_world_size()
+    out = torch.empty(world * len(me), dtype=me.dtype, device=device)
+    dist.all_gather_into_tensor(out, me)  # one tensor, not a list of one per rank (64k at scale)
+    rows = out.view(world, len(me)).cpu().tolist()
     hosts_of = [bytes(r[:_HOST_BYTES]).rstrip(b"\0").decode(errors="replace") for r in rows]
     local = [r[-1] - 1 for r in rows]
     by_host = _group(hosts_of)
