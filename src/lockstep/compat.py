@@ -16,6 +16,14 @@ TORCH_DYNAMO = "torch._dynamo"
 ELASTIC_SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 
 
+def all_gather_single(dist, output, tensor) -> None:
+    """Every rank's `tensor` into one `output` tensor: `dist.all_gather_single` from torch
+    2.13, which deprecates the same call's older name, `all_gather_into_tensor` (and warns on
+    stderr at each use), used before it."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, tensor)
+
+
 def nccl_in_build(torch) -> bool:
     """Whether this torch was built with NCCL (`torch._C._nccl_version`); without it
     `torch.cuda.nccl.version()` fails."""

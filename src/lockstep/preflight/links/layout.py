@@ -7,6 +7,8 @@ import socket
 from dataclasses import dataclass
 from functools import cached_property
 
+from lockstep.compat import all_gather_single
+
 _HOST_BYTES = 64
 
 
@@ -39,7 +41,7 @@ def layout(dist, torch, device, local_rank: int | None) -> Layout:
     me = torch.tensor([*name, (local_rank if local_rank is not None else -1) + 1], device=device)
     world = dist.get_world_size()
     out = torch.empty(world * len(me), dtype=me.dtype, device=device)
-    dist.all_gather_into_tensor(out, me)  # one tensor, not a list of one per rank (64k at scale)
+    all_gather_single(dist, out, me)  # one tensor, not a list of one per rank (64k at scale)
     rows = out.view(world, len(me)).cpu().tolist()
     hosts_of = [bytes(r[:_HOST_BYTES]).rstrip(b"\0").decode(errors="replace") for r in rows]
     local = [r[-1] - 1 for r in rows]
