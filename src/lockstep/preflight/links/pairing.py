@@ -75,7 +75,7 @@ _DTYPES |= dict.fromkeys(("reps", "starved_reps", "extra_reps"), np.int64)
 
 
 def _read(new: list[tuple[int, dict]], carried: tuple[str, ...]) -> dict[str, list]:
-    """Records' fields as the columns `records.COLUMNS` names (a default where one is absent,
+    """Records' fields as the columns a `records.Batch` holds (a default where one is absent,
     as the link takes it)."""
     recs = [rec for _, rec in new]
     cols = {

@@ -9,17 +9,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# The columns of a batch (`pairing` reads them): rank, peer, round (int); intra, known (bool);
+# A batch's columns (`pairing` reads them): rank, peer, round (int); intra, known (bool);
 # g (gbps_out), low (gbps_low_out, else g), starved (0: none), ceiling (gbps_ceiling_out, NaN:
 # none) (float); reps, starved_reps, extra_reps (int, 0: none); and per carried field
 # "carried:NAME", a list of its values as they were (None: not set).
-COLUMNS = ("rank", "peer", "round", "intra", "g", "low", "starved", "ceiling", "reps")
-COLUMNS += ("starved_reps", "extra_reps", "known")
 
 
 @dataclass
 class Batch:
-    """One pass's records: `cols` (`COLUMNS`, in rank then slot order) and `dicts()`, every
+    """One pass's records: `cols` (the columns above, in rank then slot order) and `dicts()`, every
     rank's records as dicts (made on the first call)."""
 
     cols: dict[str, np.ndarray | list]

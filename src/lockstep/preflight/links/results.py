@@ -193,7 +193,7 @@ def _dicts(values, none, ok: list[int]) -> dict[int, list[dict]]:
 
 
 def _columns(values, none, ok: list[int]) -> dict:
-    """The used slots of the ranks `ok` as the columns `records.COLUMNS` names (rank then slot
+    """The used slots of the ranks `ok` as the columns a `records.Batch` holds (rank then slot
     order, as `_dicts` lists them), each field's absent value as a record's reader takes it."""
     spec = fields()
     at = {key: j for j, (key, kind) in reversed(list(enumerate(spec))) if kind != "type"}

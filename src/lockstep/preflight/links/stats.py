@@ -250,35 +250,27 @@ def best_of(links: Sequence[dict]) -> list[dict]:
     starts = np.flatnonzero(new)
     sizes = np.diff(np.append(starts, len(order)))
     first = order[starts]  # each pair's first appearance
-    groups = np.argsort(first, kind="stable")
-    if isinstance(links, LinkList) and links.merged and len(first) == len(links):
+    keep = isinstance(links, LinkList) and links.merged  # each carries this one's fields
+    if keep and len(first) == len(links):
         return links  # every link its own pair already (`first` is then every position)
+    groups = np.argsort(first, kind="stable")  # the pairs in the order they first appear
     out: list[dict] = []
     merged: list[int] = []
-    if isinstance(links, LinkList) and links.merged:  # only the pairs measured again to merge
-        out = [links[i] for i in first[groups].tolist()]
-        for pos in np.flatnonzero(sizes[groups] > 1).tolist():
-            g = groups[pos]
-            cur = _first(links[first[g]])
-            for j in order[starts[g] + 1 : starts[g] + sizes[g]].tolist():
-                cur = _merge(cur, links[j])
-            out[pos] = cur
-            merged.append(pos)
-        groups = groups[:0]
-    for g in groups.tolist():
-        i = first[g]
+    for i, count, begin in zip(
+        first[groups].tolist(), sizes[groups].tolist(), starts[groups].tolist(), strict=True
+    ):
         x = links[i]
-        if sizes[g] == 1:
-            out.append(x if "measurements" in x and "gbps_worst" in x else _first(x))
+        if count == 1:
+            out.append(x if keep or ("measurements" in x and "gbps_worst" in x) else _first(x))
             continue
         merged.append(len(out))
         cur = _first(x)
-        for j in order[starts[g] + 1 : starts[g] + sizes[g]].tolist():
+        for j in order[begin + 1 : begin + count].tolist():
             cur = _merge(cur, links[j])
         out.append(cur)
     result = LinkList(out, merged=True)
     if isinstance(links, LinkList):  # the columns `_first` keeps, a merged pair's made anew
-        at = first[np.argsort(first, kind="stable")]
+        at = first[groups]
         made = ("measurements", "gbps_worst")  # by `_first`, unless the links carried them
         result.cols = {k: v[at] for k, v in links.cols.items() if links.merged or k not in made}
         for name, col in result.cols.items():
