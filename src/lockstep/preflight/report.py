@@ -81,10 +81,6 @@ def _show(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def _round4(value: object) -> object:
-    return round(value, 4) if isinstance(value, float) else value
-
-
 def _verdict(report: dict) -> str:
     """The verdict line. PASS only where every value read was signed with the job key
     (`preflight.store`); without a key the same exit 0 says UNAUTHENTICATED."""
@@ -259,8 +255,8 @@ def _link_rows(links: dict) -> list[tuple[str, ...]]:
                 hosts[x["a"]],
                 hosts[x["b"]],
                 str(x["rail"]),
-                f"{round(x['gbps'], 4):.3f}",  # the rows are as measured: as the JSON rounds
-                _show(_round4(x.get("latency_us"))),
+                f"{report_json.as_shown(x['gbps']):.3f}",
+                _show(report_json.as_shown(x.get("latency_us"))),
                 status,
             )
         )

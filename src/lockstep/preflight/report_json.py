@@ -162,13 +162,13 @@ def _kept(rows: list[dict], named: Callable[[dict], bool] | None) -> list[dict]:
 
 def _stats(rows: list[dict], kept: list[dict]) -> dict:
     """How many rows were measured and kept; min, median and max of `gbps` and `latency_us`
-    over all of them (None where none), rounded as the rows are (`_round`: rounding keeps the
+    over all of them (None where none), rounded as the rows are (`as_shown`: rounding keeps the
     order, so these are the rounded rows' own)."""
     out: dict[str, object] = {"measured": len(rows), "kept": len(kept)}
     for key in ("gbps", "latency_us"):
         known = sorted([v for x in rows if (v := x.get(key)) is not None and v == v])
         picks = (known[0], known[len(known) // 2], known[-1]) if known else ()
-        low, mid, high = map(_round, picks) if picks else (None, None, None)
+        low, mid, high = map(as_shown, picks) if picks else (None, None, None)
         out[key] = {"min": low, "median": mid, "max": high} if picks else None
     return out
 
@@ -176,10 +176,12 @@ def _stats(rows: list[dict], kept: list[dict]) -> dict:
 def _clean(x: dict) -> dict:
     """A link row as the JSON shows it: floats to 4 decimals, NaN as null (only the rows kept:
     at 16k ranks rounding every link measured took seconds)."""
-    return {k: (_round(v) if isinstance(v, float) else v) for k, v in x.items()}
+    return {k: (as_shown(v) if isinstance(v, float) else v) for k, v in x.items()}
 
 
-def _round(v: object) -> object:
+def as_shown(v: object) -> object:
+    """A link figure as the report shows it: a float to 4 decimals (NaN: None), else as it is
+    (the rows in memory are as measured)."""
     return None if v != v else round(v, 4) if isinstance(v, float) else v
 
 
