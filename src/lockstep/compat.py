@@ -7,6 +7,8 @@ Nothing here imports torch when this module is imported.
 
 from __future__ import annotations
 
+import sys
+
 # A private module every forked rank has imported (`launch.forkserver.BASE_PRELOAD`): the first
 # optimizer a process builds imports it, 2 s of CPU here, as much as torch itself.
 TORCH_DYNAMO = "torch._dynamo"
@@ -84,3 +86,28 @@ def deepspeed_engine_config(engine):
     """A DeepSpeed engine's parsed config (`DeepSpeedEngine._config`): lockstep sets its
     `load_universal_checkpoint` flag before a load, the only time DeepSpeed reads it."""
     return engine._config
+
+
+def quick_rendezvous_event_names() -> None:
+    """Make torchelastic's dynamic rendezvous (c10d, torchrun's default) name its events without
+    `inspect.stack()`; once per process, idempotent.
+
+    `DynamicRendezvousHandler._record` names each event `get_method_name()`, which calls
+    `inspect.stack()` twice: every frame's source lines read, and each frame's module looked
+    up through all of `sys.modules`. It does so before `construct_and_record_rdzv_event` finds
+    that no handler records the event (torch's default), for each of the events of a launch.
+    With torch, DeepSpeed and transformers imported and a deep stack, that was most of the CPU
+    of a launch (docs/benchmarks.md, "torchelastic's rendezvous events"). The replacement
+    reads the one frame it names (`sys._getframe`): the same name, from the same frame."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    dynamic_rendezvous.get_method_name = _calling_method_name
+
+
+def _calling_method_name(depth: int = 2) -> str:
+    """`dynamic_rendezvous.get_method_name`'s answer: the name of the function `depth` frames
+    up from this one (`inspect.stack()[depth].function`), or its "no_method_name"."""
+    try:
+        return sys._getframe(depth).f_code.co_name
+    except ValueError:  # the stack is not that deep
+        return "no_method_name"

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import threading
 
-from lockstep.compat import ELASTIC_SIGNALS_ENV
+from lockstep.compat import ELASTIC_SIGNALS_ENV, quick_rendezvous_event_names
 
 # The signals torchelastic's launch turns into its SignalException (LaunchConfig's default).
 LAUNCH_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
@@ -84,6 +84,7 @@ def launch_scope():
     back as they were, and its SignalException becomes `stopped_by` the signal."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 
+    quick_rendezvous_event_names()  # torchelastic's own names each event with inspect.stack()
     saved = {}
     if threading.current_thread() is threading.main_thread():
         saved = {sig: signal.getsignal(sig) for sig in (getattr(signal, n) for n in LAUNCH_SIGNALS)}
