@@ -15,7 +15,7 @@ from lockstep.train.engine_table import ENGINES, engine_options
 
 def engine_config(cfg: RunConfig, engine: str) -> RunConfig:
     """cfg on another engine, dropping options only the original engine understands."""
-    reset = {f"engine__{k}": cfg.engine.model_fields[k].default for k in engine_options()}
+    reset = {f"engine__{k}": type(cfg.engine).model_fields[k].default for k in engine_options()}
     return check_config(cfg, engine__name=engine, **reset)
 
 
