@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import inspect
+import os
+import tempfile
 
 import pytest
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
+from lockstep.compat import disown_temporary_folders, remove_temporary_folders
 from lockstep.launch.cleanup import launch_scope
 
 
@@ -36,3 +39,22 @@ def test_a_launch_names_rendezvous_events_as_torch_does_without_inspect_stack(de
         assert _named_by(dynamic_rendezvous.get_method_name, depth) == expected
     if depth in (2, 10_000):
         assert expected == {2: "next_rendezvous", 10_000: "no_method_name"}[depth]
+
+
+def test_a_forked_process_removes_its_own_temporary_folders_not_its_parents():
+    parents = tempfile.TemporaryDirectory(prefix="lockstep-test-parent-")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: as a forked rank starts and ends
+        disown_temporary_folders()
+        own = tempfile.TemporaryDirectory(prefix="lockstep-test-child-")
+        os.write(write, own.name.encode())
+        remove_temporary_folders()
+        os._exit(0)
+    os.close(write)
+    childs = os.read(read, 4096).decode()
+    os.close(read)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert childs and not os.path.exists(childs)
+    assert os.path.isdir(parents.name)
+    parents.cleanup()

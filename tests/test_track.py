@@ -103,12 +103,16 @@ print("never reached")
 def test_finish_ends_without_finalization_and_loses_nothing(tmp_path):
     """`finish` exits at once with its code, after the group, the wandb run and stdout are done
     with: the offline wandb run finished, the buffered line reached the pipe."""
-    env = {**os.environ, "WANDB_SILENT": "true", "RANK": "0"}
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = {**os.environ, "WANDB_SILENT": "true", "RANK": "0", "TMPDIR": str(temp)}
     env.pop("LOCKSTEP_METRICS", None)
     proc = subprocess.run([sys.executable, "-c", FINISHING, str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 3, proc.stderr
     assert proc.stdout == "still in the buffer"
+    # wandb's temporary folders of its import (as Python's exit would remove them)
+    assert not list(temp.iterdir())
     # wandb's own logs of a finished run (a bare os._exit leaves neither line)
     assert "finishing run" in (tmp_path / "wandb" / "debug.log").read_text()
     (internal,) = tmp_path.glob("wandb/offline-run-*/logs/debug-internal.log")

@@ -1,5 +1,5 @@
-"""torch's and DeepSpeed's private APIs that lockstep relies on, in one place: after a torch
-(or DeepSpeed) upgrade, this is the file to read. Public torch and torchelastic API (`elastic_launch`,
+"""torch's, DeepSpeed's and Python's private APIs that lockstep relies on, in one place: after a
+torch (or DeepSpeed, or Python) upgrade, this is the file to read. Public torch and torchelastic API (`elastic_launch`,
 `ChildFailedError`, `DefaultLogsSpecs` ...) is used where it is needed, not here.
 
 Nothing here imports torch when this module is imported.
@@ -111,3 +111,32 @@ def _calling_method_name(depth: int = 2) -> str:
         return sys._getframe(depth).f_code.co_name
     except ValueError:  # the stack is not that deep
         return "no_method_name"
+
+
+def remove_temporary_folders() -> None:
+    """Remove the folders of the `tempfile.TemporaryDirectory` objects this process holds, as
+    Python's exit would (their `weakref.finalize` runs at exit), in a process about to end with
+    `os._exit`, which leaves them behind: wandb makes two at import ("tmp...wandb-artifacts",
+    "tmp...wandb-media"). Not those a forked rank inherited (`disown_temporary_folders`)."""
+    for finalizer in _temporary_folder_finalizers():
+        held = finalizer.peek()
+        if held is not None and finalizer.atexit:
+            held[0].cleanup()  # as the object's own cleanup, without the implicit-cleanup warning
+
+
+def disown_temporary_folders() -> None:
+    """In a process just forked: the `tempfile.TemporaryDirectory` folders it inherited are its
+    parent's, removed by neither this process's exit nor `remove_temporary_folders`."""
+    for finalizer in _temporary_folder_finalizers():
+        finalizer.atexit = False
+
+
+def _temporary_folder_finalizers() -> list:
+    """The live finalizers of `tempfile.TemporaryDirectory` objects (`weakref.finalize`'s
+    registry; each calls the class's `_cleanup`)."""
+    import tempfile
+    import weakref
+
+    cleanup = tempfile.TemporaryDirectory._cleanup.__func__
+    registry = list(weakref.finalize._registry.items())
+    return [f for f, info in registry if getattr(info.func, "__func__", None) is cleanup]

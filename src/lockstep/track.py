@@ -280,7 +280,8 @@ def finish(code: int = 0) -> NoReturn:
     GIL) when the interpreter finalizes is made to exit inside a noexcept destructor, and the
     rank dies of SIGABRT ("terminate called without an active exception"). Rare, and more so
     the larger the heap; not ending through finalization rules it out. atexit handlers do not
-    run: close what the script opened before calling this.
+    run: close what the script opened before calling this (the temporary folders libraries
+    made for themselves, as wandb does at import, are removed).
     """
     import logging
 
@@ -292,6 +293,9 @@ def finish(code: int = 0) -> NoReturn:
     if wandb is not None and getattr(wandb, "run", None) is not None:
         wandb.finish()
     logging.shutdown()
+    from lockstep import compat
+
+    compat.remove_temporary_folders()  # wandb's, made at its import: exit would remove them
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

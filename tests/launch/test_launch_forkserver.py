@@ -3,6 +3,8 @@ them, the launching process's is not."""
 
 import gc
 import signal
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +64,18 @@ def test_a_width_asked_too_late_fails_instead_of_measuring_nothing(monkeypatch):
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
     with pytest.raises(RuntimeError, match="came too late"):
         applied_width()
+
+
+HELD: list = []  # a library's folder for the life of the process, as wandb makes at import
+
+
+def holds_a_temporary_folder() -> str:
+    """On a rank: a temporary folder held until the process ends; its path."""
+    HELD.append(tempfile.TemporaryDirectory(prefix="lockstep-test-held-"))
+    return HELD[-1].name
+
+
+def test_a_forked_rank_leaves_no_temporary_folder_it_held():
+    # the rank ends with os._exit (multiprocessing's), which Python's exit cleanup never sees
+    folder = run_local(holds_a_temporary_folder, (), nproc=1, name="held", device="cpu")
+    assert folder.startswith(tempfile.gettempdir()) and not Path(folder).exists()

@@ -15,7 +15,7 @@ import multiprocessing
 import os
 import sys
 
-from lockstep.compat import TORCH_DYNAMO
+from lockstep.compat import TORCH_DYNAMO, disown_temporary_folders, remove_temporary_folders
 from lockstep.launch.cleanup import die_with
 
 # What every forked rank has imported: torch._dynamo too, which the first optimizer a process
@@ -68,8 +68,10 @@ class Launcher:
 
     def adopt(self) -> None:
         """On the rank: the launcher's stdout/stderr and environment of now, keeping what
-        torchelastic set for this rank; the rank ends when the launcher does."""
+        torchelastic set for this rank; the rank ends when the launcher does. The temporary
+        folders the server made are the server's (`compat.disown_temporary_folders`)."""
         die_with(self.pid)
+        disown_temporary_folders()
         if self.fds is not None:
             sys.stdout.flush(), sys.stderr.flush()
             for target, dup in zip((1, 2), self.fds, strict=True):
@@ -111,11 +113,18 @@ def vector_width() -> None:
 
 
 def in_environ(launcher: Launcher, fn, *args):
-    """A forked rank's entry point: `launcher.adopt()`, then `fn(*args)`."""
+    """A forked rank's entry point: `launcher.adopt()`, then `fn(*args)`; the temporary
+    folders the rank made (wandb's, at import) are removed after, since the rank ends with
+    `os._exit` (multiprocessing's), not through Python's exit."""
     launcher.adopt()
     from lockstep.forensics import recorder
 
-    return recorder.run(fn, *args)  # dumps when the launch asked for them (`lockstep.forensics`)
+    try:
+        return recorder.run(
+            fn, *args
+        )  # dumps when the launch asked for them (`lockstep.forensics`)
+    finally:
+        remove_temporary_folders()
 
 
 class _OsExit(SystemExit):
