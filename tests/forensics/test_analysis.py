@@ -54,6 +54,34 @@ def test_a_rank_in_python_with_no_collective_pending(world, odd):
 
 
 @pytest.mark.parametrize("world", [2, 4])
+def test_a_status_that_lags_behind_a_peers_is_not_read_as_everyone_waiting(world):
+    """gloo's last_completed_collective lagged two collectives on the rank blocked in #5 at its
+    dump (a fresh clone's run): a peer completed #4, so that rank had completed #3 and #4."""
+    d = {r: dump(world, [*HISTORY, "all_reduce"], completed=2) for r in range(1, world)}
+    d[0] = dump(world, HISTORY, completed=4)
+    (f,) = analysis.analyse(d, world=world).findings
+    assert f.odd == [0] and f.kind == "in Python", f.headline
+    assert f.headline.startswith("rank 0 never reached #5 (last collective #4, none pending")
+
+
+def test_a_rooted_collective_a_peer_completed_still_waits():
+    # the root of a broadcast completes while another rank still waits to receive: rank 1 is
+    # not taken as done with #5 (then nobody would be pending, and there would be no finding)
+    d = {0: dump(2, [*HISTORY, "broadcast"], completed=5), 1: dump(2, [*HISTORY, "broadcast"])}
+    (f,) = analysis.analyse(d, world=2).findings
+    assert f.seq == 5 and "broadcast #5" in f.headline, f.headline
+
+
+def test_the_gloo_dumps_of_a_lagging_status_are_read_right():
+    """Two real gloo dumps (torch 2.13, forked ranks, a loaded machine): rank 0 in Python after
+    #4, rank 1 in all_reduce #5 with last_completed_collective still 2."""
+    report = hang.report(Path(__file__).parent / "data" / "gloo-status-lag")
+    (f,) = report.findings
+    assert f.headline == ("rank 0 never reached #5 (last collective #4, none pending: in "
+                          "Python) while rank 1 waits in all_reduce #5"), report.text()  # fmt: skip
+
+
+@pytest.mark.parametrize("world", [2, 4])
 def test_sizes_that_differ_name_the_rank(world):
     odd = world - 1
     d = {r: dump(world, [*HISTORY, entry(5, "all_reduce", size=(8,) if r == odd else (4,))])

@@ -122,6 +122,7 @@ def analyse(dumps: dict[int, dict], *, stacks: dict[int, str] | None = None,
     findings = []
     for name, views in sorted(groups.items()):
         clock()
+        _completed_by_peers(views)
         found = _finding(name, views)
         if found:
             found.stacks = {r: _main_stack(stacks[r]) for r in found.odd if stacks.get(r)}
@@ -175,6 +176,36 @@ def _views(data: dict) -> dict[str, _RankView]:
             completed = max(done, default=min(entries) - 1)
         views[key] = _RankView(entries, max(completed, 0), last)
     return views
+
+
+# Collectives whose result on any rank needs every rank's part: once one rank completed such a
+# collective, every rank of the group had entered it and sent its part. Not the rooted ones
+# (broadcast, reduce, gather, scatter), whose root can complete while another rank still waits.
+SYMMETRIC = frozenset({
+    "all_reduce", "allreduce", "all_gather", "allgather", "_allgather_base",
+    "all_gather_into_tensor", "allgather_into_tensor_coalesced", "reduce_scatter",
+    "_reduce_scatter_base", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
+    "all_to_all", "alltoall", "alltoall_base", "barrier",
+})  # fmt: skip
+
+
+def _completed_by_peers(views: dict[int, _RankView]) -> None:
+    """A rank's completed count raised through the symmetric collectives (`SYMMETRIC`) another
+    rank of the group completed: gloo's `last_completed_collective` can lag a rank's progress
+    at the moment of its dump (a rank blocked in all_reduce #5 read as completed #2, while its
+    peer had completed all_gather #4), and gloo never marks an entry completed. Read as it was,
+    the rank seemed to wait in #3 with everyone ("ranks 0, 1 wait in all_reduce #3")."""
+    for rank, view in views.items():
+        peers = [v for r, v in views.items() if r != rank]
+        seq = view.completed + 1
+        while seq <= view.last and seq in view.entries:
+            op = _op(view.entries[seq])
+            if op not in SYMMETRIC or not any(
+                p.completed >= seq and seq in p.entries and _op(p.entries[seq]) == op for p in peers
+            ):
+                break
+            view.completed = seq
+            seq += 1
 
 
 def _op(entry: dict) -> str:
@@ -269,6 +300,7 @@ def last_agreed(dumps: dict[int, dict]) -> tuple[str, int, Group] | None:
     for name, views in sorted(groups.items()):
         if len(views) != len(dumps):
             continue
+        _completed_by_peers(views)
         seq = min(v.last for v in views.values())
         entries = [v.entries.get(seq) for v in views.values()]
         if any(e is None for e in entries) or len({_signature(e) for e in entries}) != 1:
