@@ -195,14 +195,16 @@ def _completed_by_peers(views: dict[int, _RankView]) -> None:
     at the moment of its dump (a rank blocked in all_reduce #5 read as completed #2, while its
     peer had completed all_gather #4), and gloo never marks an entry completed. Read as it was,
     the rank seemed to wait in #3 with everyone ("ranks 0, 1 wait in all_reduce #3")."""
-    for rank, view in views.items():
-        peers = [v for r, v in views.items() if r != rank]
+    done: dict[int, set[str]] = {}  # seq -> the ops some rank completed there
+    for view in views.values():
+        for seq, entry in view.entries.items():
+            if seq <= view.completed:
+                done.setdefault(seq, set()).add(_op(entry))
+    for view in views.values():  # a rank past its own completed count: only peers' are there
         seq = view.completed + 1
         while seq <= view.last and seq in view.entries:
             op = _op(view.entries[seq])
-            if op not in SYMMETRIC or not any(
-                p.completed >= seq and seq in p.entries and _op(p.entries[seq]) == op for p in peers
-            ):
+            if op not in SYMMETRIC or op not in done.get(seq, ()):
                 break
             view.completed = seq
             seq += 1

@@ -119,10 +119,8 @@ def in_environ(launcher: Launcher, fn, *args):
     launcher.adopt()
     from lockstep.forensics import recorder
 
-    try:
-        return recorder.run(
-            fn, *args
-        )  # dumps when the launch asked for them (`lockstep.forensics`)
+    try:  # the dumps, when the launch asked for them (`lockstep.forensics`)
+        return recorder.run(fn, *args)
     finally:
         remove_temporary_folders()
 
