@@ -32,6 +32,38 @@ def test_reader_follows_whole_lines_and_the_newest_run(tmp_path):
     assert folder.read() == 1 and folder.label("resume") == "resume (b)"
 
 
+def test_reader_never_walks_checkpoints_and_outlives_a_folder_that_vanishes(tmp_path, monkeypatch):
+    """A check's folder: runs beside their checkpoints (thousands of files when sharded or
+    converted to universal, walked five times a second), wandb's and the flight recorder's
+    folders, and hidden folders being written. A metrics file in any of those is not a run's;
+    a folder removed while the reader walks (a universal conversion's temporary folder, seen
+    on the CPU tier) is skipped, not the end of the progress thread."""
+    run = tmp_path / "runs" / "resume" / "straight"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 3}\n')
+    os.utime(run / "metrics.jsonl", (1, 1))
+    for hidden in (
+        "checkpoints/step_00000002/universal",
+        ".tmp-universal/state",
+        "wandb",
+        "flight-recorder",
+    ):
+        (run.parent / hidden).mkdir(parents=True)
+        (run.parent / hidden / "metrics.jsonl").write_text('{"step": 99}\n')
+    gone = run.parent / "resumed-1"
+    gone.mkdir()
+    real_scandir = os.scandir
+
+    def vanishing(path="."):
+        if os.fspath(path) == str(gone):
+            raise FileNotFoundError(2, "No such file or directory", os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", vanishing)
+    reader = StepReader(tmp_path, 0.0)
+    assert reader.read() == 3 and reader.file == run / "metrics.jsonl"
+
+
 def test_lines_go_to_the_command_stderr_while_descriptor_2_points_at_a_log(tmp_path):
     """What an in-process launch does (`launch.ranks._job_process`): fd 2 into the run's log."""
     program = textwrap.dedent(

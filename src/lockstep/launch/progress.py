@@ -26,6 +26,10 @@ THROTTLE_S = 2.0
 # a plain progress line, as `_Lines` prints it (a caller that wants the other lines of stderr)
 LINE = re.compile(r"^lockstep: .+: step \d+(/\d+)?$")
 _STEP = re.compile(rb'"step":\s*(\d+)')
+# Folders a run writes that hold no metrics file and may hold thousands of files (a sharded or a
+# universal checkpoint, wandb's, flight recorder dumps): never walked, five times a second.
+# Hidden ones too: a checkpoint being written or converted, that vanishes mid-walk.
+NOT_WALKED = frozenset({"checkpoints", "wandb", "flight-recorder"})
 
 
 class StepReader:
@@ -42,13 +46,18 @@ class StepReader:
         if not self.path.is_dir():
             return self.path if self.path.is_file() else None
         newest, when = None, self.since
-        for candidate in self.path.rglob("metrics*.jsonl"):
-            try:
-                mtime = candidate.stat().st_mtime
-            except OSError:
-                continue
-            if mtime >= when:
-                newest, when = candidate, mtime
+        for folder, folders, files in os.walk(self.path):  # a folder gone mid-walk is skipped
+            folders[:] = [f for f in folders if f not in NOT_WALKED and not f.startswith(".")]
+            for name in files:
+                if not (name.startswith("metrics") and name.endswith(".jsonl")):
+                    continue
+                candidate = Path(folder, name)
+                try:
+                    mtime = candidate.stat().st_mtime
+                except OSError:
+                    continue
+                if mtime >= when:
+                    newest, when = candidate, mtime
         return newest
 
     def read(self) -> int | None:
