@@ -76,8 +76,8 @@ def tests(session: nox.Session) -> None:
     # One xdist worker more than cores: a quarter of the tier's wall is waiting (hang tests
     # waiting out their timeouts, ranks starting, the gate's fixed-wait steps), which a third
     # worker fills on two cores; a fourth only adds CPU (docs/benchmarks.md, issue 24). The
-    # tests that mostly wait run one after another on one of them (tests/conftest.py's
-    # scheduler), so the other two keep the cores busy meanwhile.
+    # tests that mostly wait run in two queues, each one after another on a worker of its own
+    # (tests/conftest.py's scheduler), beside a worker that keeps the cores busy meanwhile.
     workers = str((os.cpu_count() or 1) + 1)
     session.run(bin_dir / "pytest", "-n", workers, *session.posargs, external=True)
 
