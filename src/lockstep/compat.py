@@ -1,6 +1,7 @@
 """torch's, DeepSpeed's and Python's private APIs that lockstep relies on, in one place: after a
-torch (or DeepSpeed, or Python) upgrade, this is the file to read. Public torch and torchelastic API (`elastic_launch`,
-`ChildFailedError`, `DefaultLogsSpecs` ...) is used where it is needed, not here.
+torch (or DeepSpeed, or Python) upgrade, this is the file to read. Public torch and torchelastic
+API (`elastic_launch`, `ChildFailedError`, `DefaultLogsSpecs` ...) is used where it is needed,
+not here.
 
 Nothing here imports torch when this module is imported.
 """
