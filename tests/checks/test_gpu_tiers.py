@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from lockstep.checks import noise_floor as nf
 from lockstep.checks.clip import check_clip_norm_types
 from lockstep.checks.determinism import check_determinism
+from lockstep.checks.divergence_replay import trainer_side
 from lockstep.checks.equivalence import check_equivalence
 from lockstep.checks.resume import check_resume
 from lockstep.train.config import load_config
@@ -38,6 +40,23 @@ def test_smoke_bf16(engine, tmp_path):
     assert cfg.precision == "bf16"
     for check in (check_determinism, check_resume, check_clip_norm_types):
         assert_passed(check(cfg, tmp_path / check.__name__))
+
+
+@pytest.mark.smoke
+@pytest.mark.distributed(world_size=1, gpus=True, timeout=300)
+@pytest.mark.parametrize("engine", ["ddp", "fsdp"])
+def test_the_noise_floor_is_not_zero_on_a_gpu(engine, tmp_path):
+    """In fp32 on a GPU the intra-op thread count moves no kernel: `noise_floor.reordered`
+    must reorder the GPU's own sums (the other BLAS library), or every engine and world-size
+    difference the multi-GPU tier finds would be NOT JUDGED. A rerun stays bitwise."""
+    side = trainer_side(gpu_config(engine, 'precision="fp32"', "steps=4"))
+    _, rows = side(4, None, tmp_path / "plain")
+    _, again = side(4, None, tmp_path / "again")
+    assert nf.measure(rows, [again]).largest() == 0, "a rerun on the GPU is not bitwise"
+    with nf.reordered():
+        _, reordered = side(4, None, tmp_path / "reordered")
+    floor = nf.measure(rows, [reordered])
+    assert 0 < floor.largest() < 1e-3, floor
 
 
 @pytest.mark.multi_gpu

@@ -7,8 +7,9 @@ through training. How much it grows depends on the job, so no fixed tolerance fi
 job: lockstep measures it. It runs the first run's configuration again with only the order
 of its reductions changed, by a perturbation every PyTorch program follows without any help
 from the script (`PERTURBATIONS` for a script: the width of ATen's vector kernels and the
-intra-op thread count; `other_thread_count` in-process), and takes the relative difference
-per step and metric as the floor.
+intra-op thread count, and on a GPU cuBLAS's workspace and cuBLASLt in place of cuBLAS;
+`reordered` in-process: another intra-op thread count, and the other BLAS library on a GPU),
+and takes the relative difference per step and metric as the floor.
 
 The rule (`judge`): each step's difference of each metric must be within `K` times the floor
 of that metric measured up to that step. Rounding shows in a logged metric only from the step
@@ -30,13 +31,14 @@ K = 10.0
 METRICS = ("loss", "grad_norm")
 
 # A script's perturbed runs (ATen reads its vector width at its first kernel dispatch):
-# no SIMD at all, then 256-bit vectors on two threads. cuBLAS without workspace picks other
-# kernels on a GPU.
+# no SIMD at all, then 256-bit vectors on two threads. On a GPU neither moves a kernel: there
+# cuBLAS without workspace (no split-K) picks other GEMM kernels in the first, cuBLASLt in
+# place of cuBLAS in the second.
 PERTURBATIONS: tuple[dict[str, str], ...] = (
     {"ATEN_CPU_CAPABILITY": "default", "CUBLAS_WORKSPACE_CONFIG": ":0:0"},
-    {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "2"},
+    {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "2", "TORCH_BLAS_PREFER_CUBLASLT": "1"},
 )
-PERTURBED = "fp32 reordering (ATen vector width, intra-op threads)"
+PERTURBED = "fp32 reordering (ATen vector width, intra-op threads; on a GPU the GEMM kernels)"
 
 
 def relative(a, b) -> float | None:
@@ -161,14 +163,33 @@ def other_thread_count() -> int:
     return 2 if torch.get_num_threads() == 1 else 1
 
 
+def other_blas_library():
+    """On a GPU, the BLAS library this process does not prefer (cuBLAS or cuBLASLt): their
+    GEMM kernels split the same sums otherwise. None without CUDA, where the thread count
+    alone reorders."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    now = torch.backends.cuda.preferred_blas_library().name.lower()
+    return "cublas" if now == "cublaslt" else "cublaslt"
+
+
 @contextlib.contextmanager
 def reordered():
-    """In-process perturbation (a check's own ranks): another intra-op thread count."""
+    """In-process perturbation (a check's own ranks): another intra-op thread count, and on a
+    GPU, where threads move no kernel, the other BLAS library."""
     import torch
 
     old = torch.get_num_threads()
+    blas = other_blas_library()
+    old_blas = torch.backends.cuda.preferred_blas_library() if blas else None
     torch.set_num_threads(other_thread_count())
+    if blas:
+        torch.backends.cuda.preferred_blas_library(blas)
     try:
         yield
     finally:
         torch.set_num_threads(old)
+        if old_blas is not None:
+            torch.backends.cuda.preferred_blas_library(old_blas)

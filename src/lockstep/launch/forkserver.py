@@ -88,6 +88,7 @@ class Launcher:
 
             torch.set_num_threads(int(threads))
         vector_width()
+        blas_library()
 
 
 # ATen's x86 vector widths, narrowest first (`torch.backends.cpu.get_cpu_capability()`)
@@ -110,6 +111,20 @@ def vector_width() -> None:
             f"ATEN_CPU_CAPABILITY={wanted.lower()} came too late for this forked rank (ATen "
             f"already runs {got}): run it without --run-path"
         )
+
+
+def blas_library() -> None:
+    """TORCH_BLAS_PREFER_CUBLASLT as this rank's environment asks (a noise-floor run on a GPU
+    swaps cuBLAS for cuBLASLt): ATen read it when the server imported torch, so a forked rank
+    sets it as a new interpreter would have. Without CUDA there is no BLAS library to choose."""
+    wanted = os.environ.get("TORCH_BLAS_PREFER_CUBLASLT", "").strip().lower()
+    library = {"1": "cublaslt", "true": "cublaslt", "0": "cublas", "false": "cublas"}
+    if wanted not in library:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        torch.backends.cuda.preferred_blas_library(library[wanted])
 
 
 def in_environ(launcher: Launcher, fn, *args):
