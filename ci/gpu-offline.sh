@@ -7,7 +7,7 @@
 # artifacts.tgz (fingerprints, preflight report, golden, gate results, flight-recorder dump,
 # benchmark output, JUnit of the smoke tier).
 # STEPS picks and orders the parts (default: all, in order of value for a first run); a part
-# is one of: lockstep fr smoke-ddp smoke-zero bench gate. ENGINES names the bench's engines,
+# is one of: lockstep fr floor smoke-ddp smoke-zero bench gate. ENGINES names the bench's engines,
 # ROUNDS the bench's rounds, REPEATS the gate golden's repeats, GATE_SETS more `--set`s for the
 # gate's job (space-separated, no space inside one), SLOW_KINDS the planted waits (spin sleep),
 # GATE_CONFIG the gate's job (default smoke/gpu-ddp.toml; the GPU runners' own gate is
@@ -15,7 +15,7 @@
 #   OUT=/tmp/gpu-out BUDGET=500 bash ci/gpu-offline.sh
 #   OUT=/tmp/gpu-out BUDGET=300 STEPS="fr smoke-zero bench" ENGINES=ddp,fsdp bash ci/gpu-offline.sh
 set -u
-STEPS=${STEPS:-lockstep fr smoke-ddp smoke-zero bench gate}
+STEPS=${STEPS:-lockstep fr floor smoke-ddp smoke-zero bench gate}
 REPEATS=${REPEATS:-10}
 ENGINES=${ENGINES:-ddp,fsdp,zero3}
 ROUNDS=${ROUNDS:-5}
@@ -134,6 +134,12 @@ EOF
   step fr-dump 60 env TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_FR_BUFFER_SIZE=2000 \
     torchrun --standalone --nproc-per-node 1 "$A/fr.py" "$A/fr"
   step fr-read 30 lockstep forensics hang "$A/fr"
+fi
+
+# 6. what moves an fp32 run on a GPU: each noise-floor perturbation alone (issue 35)
+if want floor; then
+  step floor 240 python3 benchmarks/gpu_noise_floor.py --steps 8 --out "$A/floor" \
+    --parts "${FLOOR_PARTS:-script,harness}"
 fi
 
 # 2a. the smoke tier on ddp (no DeepSpeed op needed)
