@@ -1,6 +1,8 @@
 """`lockstep preflight`'s ranks started by hand, as a launcher would: RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT in each one's environment, every other launcher variable
-removed."""
+removed. Each rank is forked from this process's forkserver, which imported torch once
+(`ForkedRank`), unless its job must start new interpreters (a program of its own, or a
+PYTHONPATH that only an interpreter's start reads)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +43,83 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _preflight(cwd: str, args: list[str]) -> None:
+    """On a forked rank: `python -m lockstep preflight ARGS` in `cwd`, as `lockstep.__main__`
+    runs it; the atexit handlers run as an interpreter's exit would run them (the rank ends
+    with `os._exit`)."""
+    import atexit
+
+    from lockstep.cli import main
+
+    os.chdir(cwd)
+    sys.argv = [sys.argv[0], "preflight", *args]
+    try:
+        code = main(["preflight", *args])
+    finally:
+        atexit._run_exitfuncs()
+    raise SystemExit(code)
+
+
+class ForkedRank:
+    """One `python -m lockstep preflight` rank forked from this process's forkserver (torch
+    imported once: `lockstep.launch.forkserver_context`) instead of a new interpreter: the same
+    `lockstep.cli.main` with the same environment, arguments and folder, about 1.3 CPU-s less a
+    rank here. Behind the part of Popen's interface these tests use: text pipes for stdout and
+    stderr, pid, poll, wait, kill, communicate, returncode."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path):
+        from lockstep.launch import forkserver_context
+        from lockstep.launch.forkserver import Launcher, in_environ, start_forkserver
+
+        self.args = ["lockstep", "preflight", *args]
+        context, server = forkserver_context(), start_forkserver()
+        (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
+        try:
+            launcher = Launcher(server, env, streams=(out_w, err_w))
+            self._process = context.Process(target=in_environ,
+                                            args=(launcher, _preflight, str(cwd), list(args)))  # fmt: skip
+            self._process.start()
+        finally:
+            os.close(out_w), os.close(err_w)
+        self.pid = self._process.pid
+        self.stdout = open(out_r, encoding="utf-8", errors="replace")  # noqa: SIM115
+        self.stderr = open(err_r, encoding="utf-8", errors="replace")  # noqa: SIM115
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self._process.exitcode
+
+    def kill(self) -> None:
+        self._process.kill()
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Both streams to their end, then the exit (Popen's `communicate`)."""
+        got: dict[str, str] = {}
+        readers = [
+            threading.Thread(target=lambda n=n, f=f: got.__setitem__(n, f.read()), daemon=True)
+            for n, f in (("out", self.stdout), ("err", self.stderr))
+        ]
+        for reader in readers:
+            reader.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for reader in readers:
+            reader.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if reader.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        self.stdout.close(), self.stderr.close()
+        return got["out"], got["err"]
+
+
 def by_hand(
     world: int,
     ranks,
@@ -52,16 +132,25 @@ def by_hand(
 ):
     """Start `python -m lockstep preflight` for `ranks` with RANK/WORLD_SIZE/MASTER_*;
     `program`: the argv that stands for `python -m lockstep` (a script calling its `main`);
-    `per_rank_program`: rank -> such an argv for that rank alone."""
+    `per_rank_program`: rank -> such an argv for that rank alone. Forked ranks (`ForkedRank`)
+    unless a program or a PYTHONPATH of a rank's own asks for new interpreters: then every rank
+    is one, so that no two ranks of a job differ in how they started."""
     port, procs = free_port(), {}
+    envs = per_rank_env or {}
+    forked = (
+        not program and not per_rank_program and not any("PYTHONPATH" in e for e in envs.values())
+    )
     for rank in ranks:
         env = base_env(
             RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
         )
-        env.update((per_rank_env or {}).get(rank, {}))
+        env.update(envs.get(rank, {}))
+        rest = [*args, *(per_rank_args or {}).get(rank, [])]
+        if forked:
+            procs[rank] = ForkedRank(rest, env, cwd)
+            continue
         mine = (per_rank_program or {}).get(rank) or program
-        cmd = [*(mine or [sys.executable, "-m", "lockstep"]), "preflight", *args]
-        cmd += (per_rank_args or {}).get(rank, [])
+        cmd = [*(mine or [sys.executable, "-m", "lockstep"]), "preflight", *rest]
         procs[rank] = subprocess.Popen(
             cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )

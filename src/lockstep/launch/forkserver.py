@@ -55,15 +55,19 @@ def forkserver_context(preload: list[str] | tuple[str, ...] = ()):
 class Launcher:
     """The launching process as a forked rank needs it: its pid, its environment and its
     stdout/stderr now (the forkserver has those of when it started). Pickled for the rank,
-    the two file descriptors travel as multiprocessing passes a Connection's (`DupFd`)."""
+    the two file descriptors travel as multiprocessing passes a Connection's (`DupFd`).
+    `streams`: the launcher's descriptors that become the rank's stdout and stderr (its own by
+    default; pipes of its own for a caller that reads the rank's output apart)."""
 
-    def __init__(self, server: dict[str, str], environ: dict[str, str], pid=None, fds=None):
+    def __init__(self, server: dict[str, str], environ: dict[str, str], pid=None, fds=None,
+                 streams: tuple[int, int] = (1, 2)):  # fmt: skip
         self.server, self.environ, self.pid, self.fds = server, environ, pid or os.getpid(), fds
+        self.streams = streams
 
     def __reduce__(self):
         from multiprocessing import reduction
 
-        fds = (reduction.DupFd(1), reduction.DupFd(2))
+        fds = tuple(reduction.DupFd(fd) for fd in self.streams)
         return Launcher, (self.server, self.environ, self.pid, fds)
 
     def adopt(self) -> None:
