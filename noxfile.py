@@ -61,6 +61,12 @@ GATES = {
     "cuda": ("smoke-gpu-ddp-100m", "smoke-gpu-zero3"),
 }
 GATE_OUT = ROOT / "build" / "gate"
+# The test tiers start a few hundred interpreters that import lockstep, and every xdist worker
+# rewrites the test modules' asserts: where the environment says PYTHONDONTWRITEBYTECODE (as
+# Docker images and this project's CI machines do), each of them compiles it all again. The
+# tiers write the bytecode into the checkout's __pycache__ folders (git ignores them): 7-9%
+# less CPU on the preflight and env tests (docs/benchmarks.md).
+WRITE_BYTECODE = {"PYTHONDONTWRITEBYTECODE": None}
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.error_on_missing_interpreters = True
@@ -79,7 +85,9 @@ def tests(session: nox.Session) -> None:
     # tests that mostly wait run in two queues, each one after another on a worker of its own
     # (tests/conftest.py's scheduler), beside a worker that keeps the cores busy meanwhile.
     workers = str((os.cpu_count() or 1) + 1)
-    session.run(bin_dir / "pytest", "-n", workers, *session.posargs, external=True)
+    session.run(
+        bin_dir / "pytest", "-n", workers, *session.posargs, external=True, env=WRITE_BYTECODE
+    )
 
 
 @nox.session(venv_backend="none")
@@ -106,6 +114,7 @@ def cluster(session: nox.Session) -> None:
         "tests/cluster",
         *session.posargs,
         external=True,
+        env=WRITE_BYTECODE,
     )
 
 
