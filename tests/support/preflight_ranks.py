@@ -1,8 +1,7 @@
 """`lockstep preflight`'s ranks started by hand, as a launcher would: RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT in each one's environment, every other launcher variable
 removed. Each rank is forked from this process's forkserver, which imported torch once
-(`ForkedRank`), unless its job must start new interpreters (a program of its own, or a
-PYTHONPATH that only an interpreter's start reads)."""
+(`ForkedRank`), unless its job must start new interpreters (a program of its own)."""
 
 from __future__ import annotations
 
@@ -43,7 +42,26 @@ def base_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _preflight(cwd: str, args: list[str]) -> None:
+def _as_started(hostname: str | None) -> None:
+    """What an interpreter's start, or the command in front of it, would have done for this
+    forked rank: the PYTHONPATH of its environment first on sys.path (where the interpreter's
+    start puts it: a site of the rank's own is found by importlib.metadata), and with
+    `hostname`, a UTS namespace of its own under that name (`unshare --uts` then `hostname`)."""
+    import importlib
+
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:0] = [p for p in extra if p not in sys.path]
+    importlib.invalidate_caches()
+    if hostname:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        name = hostname.encode()
+        if libc.unshare(0x04000000) or libc.sethostname(name, len(name)):  # CLONE_NEWUTS
+            raise OSError(ctypes.get_errno(), f"a UTS namespace named {hostname}")
+
+
+def _preflight(cwd: str, args: list[str], hostname: str | None = None) -> None:
     """On a forked rank: `python -m lockstep preflight ARGS` in `cwd`, as `lockstep.__main__`
     runs it; the atexit handlers run as an interpreter's exit would run them (the rank ends
     with `os._exit`)."""
@@ -51,6 +69,7 @@ def _preflight(cwd: str, args: list[str]) -> None:
 
     from lockstep.cli import main
 
+    _as_started(hostname)
     os.chdir(cwd)
     sys.argv = [sys.argv[0], "preflight", *args]
     try:
@@ -65,9 +84,10 @@ class ForkedRank:
     imported once: `lockstep.launch.forkserver_context`) instead of a new interpreter: the same
     `lockstep.cli.main` with the same environment, arguments and folder, about 1.3 CPU-s less a
     rank here. Behind the part of Popen's interface these tests use: text pipes for stdout and
-    stderr, pid, poll, wait, kill, communicate, returncode."""
+    stderr, pid, poll, wait, kill, communicate, returncode. `hostname`: the rank runs on a
+    host of its own by that name (`_as_started`)."""
 
-    def __init__(self, args: list[str], env: dict[str, str], cwd: Path):
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path, hostname=None):
         from lockstep.launch import forkserver_context
         from lockstep.launch.forkserver import Launcher, in_environ, start_forkserver
 
@@ -77,7 +97,7 @@ class ForkedRank:
         try:
             launcher = Launcher(server, env, streams=(out_w, err_w))
             self._process = context.Process(target=in_environ,
-                                            args=(launcher, _preflight, str(cwd), list(args)))  # fmt: skip
+                                            args=(launcher, _preflight, str(cwd), list(args), hostname))  # fmt: skip
             self._process.start()
         finally:
             os.close(out_w), os.close(err_w)
@@ -129,17 +149,18 @@ def by_hand(
     per_rank_args=None,
     program=None,
     per_rank_program=None,
+    per_rank_host=None,
 ):
     """Start `python -m lockstep preflight` for `ranks` with RANK/WORLD_SIZE/MASTER_*;
     `program`: the argv that stands for `python -m lockstep` (a script calling its `main`);
-    `per_rank_program`: rank -> such an argv for that rank alone. Forked ranks (`ForkedRank`)
-    unless a program or a PYTHONPATH of a rank's own asks for new interpreters: then every rank
-    is one, so that no two ranks of a job differ in how they started."""
+    `per_rank_program`: rank -> such an argv for that rank alone; `per_rank_host`: rank -> the
+    hostname of a host of its own (a UTS namespace; forked ranks only). Forked ranks
+    (`ForkedRank`) unless a program asks for new interpreters: then every rank is one, so that
+    no two ranks of a job differ in how they started."""
     port, procs = free_port(), {}
-    envs = per_rank_env or {}
-    forked = (
-        not program and not per_rank_program and not any("PYTHONPATH" in e for e in envs.values())
-    )
+    envs, hosts = per_rank_env or {}, per_rank_host or {}
+    forked = not program and not per_rank_program
+    assert forked or not hosts, "per_rank_host needs forked ranks (no program)"
     for rank in ranks:
         env = base_env(
             RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
@@ -147,7 +168,7 @@ def by_hand(
         env.update(envs.get(rank, {}))
         rest = [*args, *(per_rank_args or {}).get(rank, [])]
         if forked:
-            procs[rank] = ForkedRank(rest, env, cwd)
+            procs[rank] = ForkedRank(rest, env, cwd, hosts.get(rank))
             continue
         mine = (per_rank_program or {}).get(rank) or program
         cmd = [*(mine or [sys.executable, "-m", "lockstep"]), "preflight", *rest]
