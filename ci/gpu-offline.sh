@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of issue 40 on an offline machine with one GPU and a Python of its own
-# (torch, transformers, pytest there; lockstep's other needs carried as wheels in .whl/, made
-# with `pip download --python-version 3.12 ...` and DeepSpeed's sdist built with DS_BUILD_OPS=0).
+# (torch, transformers, pytest there; lockstep and its other needs carried as wheels in .whl/,
+# which ci/gpu-wheels.sh makes here: carry .whl to the machine).
 # Each step has a time limit and the whole run a budget (BUDGET seconds); a step that fails or
 # runs out is logged and the next one runs. Everything lands in $OUT: log.txt (all output) and
 # artifacts.tgz (fingerprints, preflight report, golden, gate results, flight-recorder dump,
