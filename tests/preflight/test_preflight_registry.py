@@ -1,13 +1,12 @@
 """A local check and a link measurement added from outside lockstep, on real ranks: a module
 of the user's own registers them (`local.registry.register`, `links.measure.register`) in
 each rank's process before `lockstep.cli.main(["preflight", ...])`, as a launcher script
-would; the report shows the check's row (a failure fails the run and names the rank) and the
+importing it would (each rank forked, `by_hand(preload=...)`); the report shows the check's row (a failure fails the run and names the rank) and the
 measurement's field on each link."""
 
 from __future__ import annotations
 
 import json
-import sys
 
 from support.preflight_ranks import by_hand, finish
 
@@ -44,19 +43,9 @@ register_check(LocalCheck("site_scratch", scratch_space))
 register_measurement(LinkMeasurement("echo", echo, carry=("echoed_rank",)))
 '''
 
-LAUNCHER = """
-import sys
-
-import site_extras  # noqa: F401  (registers the check and the measurement)
-from lockstep.cli import main
-
-sys.exit(main(sys.argv[1:]))
-"""
-
 
 def test_a_check_and_a_measurement_registered_from_outside_reach_the_report(tmp_path):
     (tmp_path / "site_extras.py").write_text(EXTRAS)
-    (tmp_path / "site_preflight.py").write_text(LAUNCHER)
     report_path = tmp_path / "report.json"
     _, procs = by_hand(
         2,
@@ -64,7 +53,7 @@ def test_a_check_and_a_measurement_registered_from_outside_reach_the_report(tmp_
         tmp_path,
         args=["--timeout", "60", "--json", str(report_path), "--links"],
         per_rank_env={1: {"SITE_SCRATCH_MISSING": "1"}},
-        program=[sys.executable, str(tmp_path / "site_preflight.py")],
+        preload="site_extras",  # registers the check and the measurement
     )
     results = finish(procs)
     assert {r: res["rc"] for r, res in results.items()} == {0: 1, 1: 1}, results

@@ -61,16 +61,21 @@ def _as_started(hostname: str | None) -> None:
             raise OSError(ctypes.get_errno(), f"a UTS namespace named {hostname}")
 
 
-def _preflight(cwd: str, args: list[str], hostname: str | None = None) -> None:
+def _preflight(cwd: str, args: list[str], hostname=None, preload=None) -> None:
     """On a forked rank: `python -m lockstep preflight ARGS` in `cwd`, as `lockstep.__main__`
-    runs it; the atexit handlers run as an interpreter's exit would run them (the rank ends
-    with `os._exit`)."""
+    runs it, after importing `preload` from `cwd` where given (what a launcher script of the
+    job's own imports before it calls `main`); the atexit handlers run as an interpreter's
+    exit would run them (the rank ends with `os._exit`)."""
     import atexit
+    import importlib
 
     from lockstep.cli import main
 
     _as_started(hostname)
     os.chdir(cwd)
+    if preload:
+        sys.path.insert(0, cwd)
+        importlib.import_module(preload)
     sys.argv = [sys.argv[0], "preflight", *args]
     try:
         code = main(["preflight", *args])
@@ -85,9 +90,9 @@ class ForkedRank:
     `lockstep.cli.main` with the same environment, arguments and folder, about 1.3 CPU-s less a
     rank here. Behind the part of Popen's interface these tests use: text pipes for stdout and
     stderr, pid, poll, wait, kill, communicate, returncode. `hostname`: the rank runs on a
-    host of its own by that name (`_as_started`)."""
+    host of its own by that name (`_as_started`); `preload`: a module it imports first."""
 
-    def __init__(self, args: list[str], env: dict[str, str], cwd: Path, hostname=None):
+    def __init__(self, args, env: dict[str, str], cwd: Path, hostname=None, preload=None):
         from lockstep.launch import forkserver_context
         from lockstep.launch.forkserver import Launcher, in_environ, start_forkserver
 
@@ -97,7 +102,7 @@ class ForkedRank:
         try:
             launcher = Launcher(server, env, streams=(out_w, err_w))
             self._process = context.Process(target=in_environ,
-                                            args=(launcher, _preflight, str(cwd), list(args), hostname))  # fmt: skip
+                                            args=(launcher, _preflight, str(cwd), list(args), hostname, preload))  # fmt: skip
             self._process.start()
         finally:
             os.close(out_w), os.close(err_w)
@@ -150,17 +155,19 @@ def by_hand(
     program=None,
     per_rank_program=None,
     per_rank_host=None,
+    preload=None,
 ):
     """Start `python -m lockstep preflight` for `ranks` with RANK/WORLD_SIZE/MASTER_*;
     `program`: the argv that stands for `python -m lockstep` (a script calling its `main`);
     `per_rank_program`: rank -> such an argv for that rank alone; `per_rank_host`: rank -> the
-    hostname of a host of its own (a UTS namespace; forked ranks only). Forked ranks
+    hostname of a host of its own (a UTS namespace; forked ranks only); `preload`: a module of
+    the job's own, in `cwd`, that every forked rank imports before `main`. Forked ranks
     (`ForkedRank`) unless a program asks for new interpreters: then every rank is one, so that
     no two ranks of a job differ in how they started."""
     port, procs = free_port(), {}
     envs, hosts = per_rank_env or {}, per_rank_host or {}
     forked = not program and not per_rank_program
-    assert forked or not hosts, "per_rank_host needs forked ranks (no program)"
+    assert forked or not (hosts or preload), "per_rank_host and preload need forked ranks"
     for rank in ranks:
         env = base_env(
             RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
@@ -168,7 +175,7 @@ def by_hand(
         env.update(envs.get(rank, {}))
         rest = [*args, *(per_rank_args or {}).get(rank, [])]
         if forked:
-            procs[rank] = ForkedRank(rest, env, cwd, hosts.get(rank))
+            procs[rank] = ForkedRank(rest, env, cwd, hosts.get(rank), preload)
             continue
         mine = (per_rank_program or {}).get(rank) or program
         cmd = [*(mine or [sys.executable, "-m", "lockstep"]), "preflight", *rest]
