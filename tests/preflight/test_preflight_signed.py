@@ -22,8 +22,9 @@ import pytest
 
 from lockstep.launch import free_port
 from lockstep.preflight.store import Signer, connect
-from support.forger import forge
-from support.preflight_ranks import LAUNCH_TIMEOUT_S, base_env, by_hand, finish
+from support.forger import encoded, forge
+from support.forger import main as forge_main
+from support.preflight_ranks import LAUNCH_TIMEOUT_S, Forked, base_env, by_hand, finish
 
 KEY = "3c1f9a7e" * 8  # the job's key: every honest process has it
 OTHER_KEY = b"not-the-job-key-" * 2
@@ -44,20 +45,20 @@ def node(k: int, nnodes: int, port: int, cwd: Path, timeout: int = 30, **env: st
     )
 
 
-def start_forger(port: int, actions: list) -> subprocess.Popen:
-    """The forger, started beside the honest process it attacks; `connected` says when it
-    reached the store."""
-    argv = forge(sys.executable, "127.0.0.1", port, actions)
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+def start_forger(port: int, actions: list) -> Forked:
+    """The forger (a process of its own, forked: `support.forger.main`), started beside the
+    honest process it attacks; `connected` says when it reached the store."""
+    name = forge(sys.executable, "127.0.0.1", port, actions)
+    return Forked(name, base_env(), forge_main, "127.0.0.1", str(port), encoded(actions))
 
 
-def connected(forger: subprocess.Popen) -> None:
+def connected(forger: Forked) -> None:
     assert forger.stdout.readline().strip() == "connected"
 
 
-def done(forger: subprocess.Popen) -> None:
+def done(forger: Forked) -> None:
     assert forger.wait(timeout=LAUNCH_TIMEOUT_S) == 0
-    forger.stdout.close()
+    forger.stdout.close(), forger.stderr.close()
 
 
 def envelope(signer: Signer, key: str, by: str, value: object) -> bytes:

@@ -15,10 +15,15 @@ from datetime import timedelta
 from pathlib import Path
 
 
+def encoded(actions: list) -> str:
+    """ACTIONS as `main` reads them (bytes given as `bytes`, passed as hex)."""
+    plain = [[*a[:2], *(v.hex() if isinstance(v, bytes) else v for v in a[2:])] for a in actions]
+    return json.dumps(plain)
+
+
 def forge(python: str, host: str, port: int, actions: list) -> list[str]:
     """The argv that runs these actions against HOST:PORT (bytes given as `bytes`)."""
-    plain = [[*a[:2], *(v.hex() if isinstance(v, bytes) else v for v in a[2:])] for a in actions]
-    return [python, str(Path(__file__).resolve()), host, str(port), json.dumps(plain)]
+    return [python, str(Path(__file__).resolve()), host, str(port), encoded(actions)]
 
 
 def main(host: str, port: str, actions: str) -> None:

@@ -84,25 +84,23 @@ def _preflight(cwd: str, args: list[str], hostname=None, preload=None) -> None:
     raise SystemExit(code)
 
 
-class ForkedRank:
-    """One `python -m lockstep preflight` rank forked from this process's forkserver (torch
-    imported once: `lockstep.launch.forkserver_context`) instead of a new interpreter: the same
-    `lockstep.cli.main` with the same environment, arguments and folder, about 1.3 CPU-s less a
-    rank here. Behind the part of Popen's interface these tests use: text pipes for stdout and
-    stderr, pid, poll, wait, kill, communicate, returncode. `hostname`: the rank runs on a
-    host of its own by that name (`_as_started`); `preload`: a module it imports first."""
+class Forked:
+    """`fn(*args)` in a process forked from this process's forkserver (torch imported once:
+    `lockstep.launch.forkserver_context`) instead of a new interpreter, with `env` as its
+    environment (`forkserver.in_environ`). Behind the part of Popen's interface these tests
+    use: text pipes for stdout and stderr, pid, poll, wait, kill, communicate, returncode;
+    `name`: the argv that stands for it in a timeout's message."""
 
-    def __init__(self, args, env: dict[str, str], cwd: Path, hostname=None, preload=None):
+    def __init__(self, name: list[str], env: dict[str, str], fn, *args):
         from lockstep.launch import forkserver_context
         from lockstep.launch.forkserver import Launcher, in_environ, start_forkserver
 
-        self.args = ["lockstep", "preflight", *args]
+        self.args = name
         context, server = forkserver_context(), start_forkserver()
         (out_r, out_w), (err_r, err_w) = os.pipe(), os.pipe()
         try:
             launcher = Launcher(server, env, streams=(out_w, err_w))
-            self._process = context.Process(target=in_environ,
-                                            args=(launcher, _preflight, str(cwd), list(args), hostname, preload))  # fmt: skip
+            self._process = context.Process(target=in_environ, args=(launcher, fn, *args))
             self._process.start()
         finally:
             os.close(out_w), os.close(err_w)
@@ -143,6 +141,17 @@ class ForkedRank:
         self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
         self.stdout.close(), self.stderr.close()
         return got["out"], got["err"]
+
+
+class ForkedRank(Forked):
+    """One `python -m lockstep preflight` rank, forked (`Forked`): the same `lockstep.cli.main`
+    with the same environment, arguments and folder, about 1.3 CPU-s less a rank here than a
+    new interpreter. `hostname`: the rank runs on a host of its own by that name
+    (`_as_started`); `preload`: a module it imports first."""
+
+    def __init__(self, args, env: dict[str, str], cwd: Path, hostname=None, preload=None):
+        name = ["lockstep", "preflight", *args]
+        super().__init__(name, env, _preflight, str(cwd), list(args), hostname, preload)
 
 
 def by_hand(
