@@ -1,8 +1,8 @@
 """A local check and a link measurement added from outside lockstep, on real ranks: a module
 of the user's own registers them (`local.registry.register`, `links.measure.register`) in
 each rank's process before `lockstep.cli.main(["preflight", ...])`, as a launcher script
-importing it would (each rank forked, `by_hand(preload=...)`); the report shows the check's row (a failure fails the run and names the rank) and the
-measurement's field on each link."""
+importing it would (each rank forked, `by_hand(preload=...)`); the report shows the check's
+row (a failure fails the run and names the rank) and the measurement's field on each link."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """`lockstep preflight`'s ranks started by hand, as a launcher would: RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT in each one's environment, every other launcher variable
 removed. Each rank is forked from this process's forkserver, which imported torch once
-(`ForkedRank`), unless its job must start new interpreters (a program of its own)."""
+(`ForkedRank`); what a new interpreter's start would have done for it (its PYTHONPATH, a host
+of its own, a launcher script's import) the fork does itself."""
 
 from __future__ import annotations
 
@@ -161,36 +162,22 @@ def by_hand(
     args=(),
     per_rank_env=None,
     per_rank_args=None,
-    program=None,
-    per_rank_program=None,
     per_rank_host=None,
     preload=None,
 ):
-    """Start `python -m lockstep preflight` for `ranks` with RANK/WORLD_SIZE/MASTER_*;
-    `program`: the argv that stands for `python -m lockstep` (a script calling its `main`);
-    `per_rank_program`: rank -> such an argv for that rank alone; `per_rank_host`: rank -> the
-    hostname of a host of its own (a UTS namespace; forked ranks only); `preload`: a module of
-    the job's own, in `cwd`, that every forked rank imports before `main`. Forked ranks
-    (`ForkedRank`) unless a program asks for new interpreters: then every rank is one, so that
-    no two ranks of a job differ in how they started."""
+    """Start `python -m lockstep preflight` for `ranks` with RANK/WORLD_SIZE/MASTER_*, each a
+    `ForkedRank`; `per_rank_host`: rank -> the hostname of a host of its own (a UTS
+    namespace); `preload`: a module of the job's own, in `cwd`, that every rank imports before
+    `main` (as a launcher script of the job's would)."""
     port, procs = free_port(), {}
     envs, hosts = per_rank_env or {}, per_rank_host or {}
-    forked = not program and not per_rank_program
-    assert forked or not (hosts or preload), "per_rank_host and preload need forked ranks"
     for rank in ranks:
         env = base_env(
             RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
         )
         env.update(envs.get(rank, {}))
         rest = [*args, *(per_rank_args or {}).get(rank, [])]
-        if forked:
-            procs[rank] = ForkedRank(rest, env, cwd, hosts.get(rank), preload)
-            continue
-        mine = (per_rank_program or {}).get(rank) or program
-        cmd = [*(mine or [sys.executable, "-m", "lockstep"]), "preflight", *rest]
-        procs[rank] = subprocess.Popen(
-            cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
+        procs[rank] = ForkedRank(rest, env, cwd, hosts.get(rank), preload)
     return port, procs
 
 
