@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from lockstep.errors import LockstepError
 from lockstep.launch import run_local
 from lockstep.launch.forkserver import vector_width as applied_width
 
@@ -79,3 +80,16 @@ def test_a_forked_rank_leaves_no_temporary_folder_it_held():
     # the rank ends with os._exit (multiprocessing's), which Python's exit cleanup never sees
     folder = run_local(holds_a_temporary_folder, (), nproc=1, name="held", device="cpu")
     assert folder.startswith(tempfile.gettempdir()) and not Path(folder).exists()
+
+
+def fails() -> None:
+    raise RuntimeError("planted")
+
+
+def test_a_failed_forked_rank_leaves_no_error_file(tmp_path, monkeypatch):
+    # torch.multiprocessing's start_processes makes each rank's error file (delete=False) in the
+    # launching process's temporary folder; a failed rank's traceback stays in it
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(LockstepError, match="rank 0 failed"):
+        run_local(fails, (), nproc=1, name="fails", device="cpu")
+    assert list(tmp_path.iterdir()) == []

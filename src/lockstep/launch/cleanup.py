@@ -1,5 +1,6 @@
-"""Nothing outlives a launch: each one's torchelastic folder (its ranks' error.json) lives in a
-temporary folder removed after it; torchelastic's signal handlers are restored after it (a
+"""Nothing outlives a launch: each one's torchelastic folder (its ranks' error.json) and the
+error files torch.multiprocessing makes for forked ranks live in a temporary folder removed
+after it; torchelastic's signal handlers are restored after it (a
 SIGINT during it ends in KeyboardInterrupt, exit 130, not its SignalException); a rank started
 as a new process, and another launcher's whole process group, die with this process even when
 it is SIGKILLed (`PR_SET_PDEATHSIG`); a forked rank watches it (`die_with`).
@@ -79,22 +80,31 @@ def signals_deferred(*names: str):
 def launch_scope():
     """Around one torchelastic launch: yields the LogsSpecs for its LaunchConfig, whose folder
     (torchelastic's `torchelastic_*` under /tmp otherwise, never removed, with each failed
-    rank's raw traceback in error.json) is a temporary one removed after. The signal handlers
-    torchelastic installs (`PContext.start`) and its TORCHELASTIC_SIGNALS_TO_HANDLE are put
-    back as they were, and its SignalException becomes `stopped_by` the signal."""
+    rank's raw traceback in error.json) is a temporary one removed after. So are the error
+    files torch.multiprocessing's `start_processes` makes for function ranks
+    (`pytorch-errorfile-*.pickle`, delete=False, a failed rank's traceback in it): during a
+    launch from the main thread, as lockstep's are, that folder is the process's temporary
+    folder (`tempfile.tempdir`; process-wide, so never from another thread). The signal
+    handlers torchelastic installs (`PContext.start`) and its TORCHELASTIC_SIGNALS_TO_HANDLE
+    are put back as they were, and its SignalException becomes `stopped_by` the signal."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 
     quick_rendezvous_event_names()  # torchelastic's own names each event with inspect.stack()
     saved = {}
-    if threading.current_thread() is threading.main_thread():
+    main = threading.current_thread() is threading.main_thread()
+    if main:
         saved = {sig: signal.getsignal(sig) for sig in (getattr(signal, n) for n in LAUNCH_SIGNALS)}
     saved_env = os.environ.get(ELASTIC_SIGNALS_ENV)
     folder = tempfile.mkdtemp(prefix="lockstep-launch-")
+    saved_tempdir = tempfile.tempdir
+    if main:
+        tempfile.tempdir = folder
     try:
         yield DefaultLogsSpecs(log_dir=folder)
     except SignalException as exc:
         raise stopped_by(exc.sigval) from None
     finally:
+        tempfile.tempdir = saved_tempdir
         for sig, old in saved.items():
             signal.signal(sig, old if old is not None else signal.SIG_DFL)
         if saved_env is None:
