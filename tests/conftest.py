@@ -40,14 +40,19 @@ def forkserver():
 # Modules holding the CPU tier's longest single tests (15-37 s each, docs/benchmarks.md), and
 # those of several 5-10 s tests that collection order puts last, first: pytest-xdist deals
 # tests out in collection order, and what is dealt last runs on one worker while the others
-# sit idle. tests/preflight sorts near the end: its launches by hand (6 tests, 55 CPU-s, the
-# deepspeed launcher's alone 16 CPU-s in 28 s) and its forgeries (5 tests, 18 CPU-s) go first.
+# sit idle. The harness checks, the 8-rank resume and the engines come before the launches by
+# hand: for the first 90 s two workers run WAITING's queues (about 0.6 of a core between them),
+# and the third keeps the cores busy only with tests whose two or more ranks train at once;
+# the launches (a launcher, then its ranks, then the next command) used about one core there,
+# and the cores idled 57-69 core-s a run instead of 42-46 (docs/benchmarks.md). tests/preflight
+# sorts near the end: its launches by hand and its forgeries go early all the same.
 LONGEST_FIRST = (
+    "test_harness_checks.py",
+    "test_resume_eight_ranks.py",
+    "test_train_engines.py",
     "test_planted_secrets.py",
     "test_gate_reference.py",
     "test_preflight_ranks.py",
-    "test_resume_eight_ranks.py",
-    "test_train_engines.py",
     "test_distributed_marker.py",
     "test_preflight_signed.py",
     "test_leftovers.py",
