@@ -104,7 +104,8 @@ def launch_scope():
     except SignalException as exc:
         raise stopped_by(exc.sigval) from None
     finally:
-        tempfile.tempdir = saved_tempdir
+        if main:  # another thread's launch never puts back a value it did not set
+            tempfile.tempdir = saved_tempdir
         for sig, old in saved.items():
             signal.signal(sig, old if old is not None else signal.SIG_DFL)
         if saved_env is None:
