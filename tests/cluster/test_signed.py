@@ -16,6 +16,7 @@ import pytest
 import lockstep
 from lockstep.cluster import Cluster
 from lockstep.preflight.store import Signer
+from support.forger import encoded
 
 pytestmark = pytest.mark.cluster
 
@@ -32,8 +33,7 @@ def forger(bed: Cluster, k: int, port: int, actions: list):
     """The forger on node k against ls0:port; started now, `connected` on its first line."""
     script = bed.shared / "forger.py"
     shutil.copy(FORGER, script)
-    plain = [[*a[:2], *(v.hex() if isinstance(v, bytes) else v for v in a[2:])] for a in actions]
-    argv = [bed.python, str(script), bed.address(0), str(port), json.dumps(plain)]
+    argv = [bed.python, str(script), bed.address(0), str(port), encoded(actions)]
     return bed.popen(k, argv, env=ENV, stderr=subprocess.PIPE)
 
 

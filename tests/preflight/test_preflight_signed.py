@@ -22,7 +22,7 @@ import pytest
 
 from lockstep.launch import free_port
 from lockstep.preflight.store import Signer, connect
-from support.forger import encoded, forge
+from support.forger import encoded
 from support.forger import main as forge_main
 from support.preflight_ranks import LAUNCH_TIMEOUT_S, Forked, base_env, by_hand, finish
 
@@ -48,7 +48,7 @@ def node(k: int, nnodes: int, port: int, cwd: Path, timeout: int = 30, **env: st
 def start_forger(port: int, actions: list) -> Forked:
     """The forger (a process of its own, forked: `support.forger.main`), started beside the
     honest process it attacks; `connected` says when it reached the store."""
-    name = forge(sys.executable, "127.0.0.1", port, actions)
+    name = ["forger", "127.0.0.1", str(port)]
     return Forked(name, base_env(), forge_main, "127.0.0.1", str(port), encoded(actions))
 
 

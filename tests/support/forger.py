@@ -1,7 +1,7 @@
 """Another host's process that reaches preflight's store and nothing else: it writes, adds and
 waits through `TCPStore(host, port, is_master=False)` only, as the issue's attacker did. Run as
 `python forger.py HOST PORT ACTIONS` (ACTIONS: JSON, a list of ["wait", key],
-["set", key, hex bytes], ["add", key, amount]); `forge` builds that command line.
+["set", key, hex bytes], ["add", key, amount]; `encoded` writes it), or forked with `main`.
 
 The values it writes come from the test: a forged envelope (signed with another key), a value
 from an earlier run (the job's key, another nonce), or bytes that parse as nothing.
@@ -12,18 +12,12 @@ from __future__ import annotations
 import json
 import sys
 from datetime import timedelta
-from pathlib import Path
 
 
 def encoded(actions: list) -> str:
     """ACTIONS as `main` reads them (bytes given as `bytes`, passed as hex)."""
     plain = [[*a[:2], *(v.hex() if isinstance(v, bytes) else v for v in a[2:])] for a in actions]
     return json.dumps(plain)
-
-
-def forge(python: str, host: str, port: int, actions: list) -> list[str]:
-    """The argv that runs these actions against HOST:PORT (bytes given as `bytes`)."""
-    return [python, str(Path(__file__).resolve()), host, str(port), encoded(actions)]
 
 
 def main(host: str, port: str, actions: str) -> None:
