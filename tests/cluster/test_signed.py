@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ KEY = "7d2e" * 16
 OTHER_KEY = b"not-the-job-key-" * 2
 PORT = 29600
 NODES = "lockstep/nodes/checkin"
+READ_GRACE_S = 5.0  # node 1 posted its check-in: by then it has read the answer there
 FORGER = Path(__file__).resolve().parents[1] / "support" / "forger.py"
 # the nodes run the lockstep this test imported (a worktree's src/ too)
 ENV = {"LOCKSTEP_JOB_KEY": KEY, "PYTHONPATH": str(Path(lockstep.__file__).resolve().parents[1])}
@@ -50,7 +52,10 @@ def seal(key: bytes, nonce: str, store_key: str, by: str, value: object) -> byte
 
 def test_a_verdict_forged_from_another_node_is_refused_and_the_pass_stands(cluster):
     """ls1 sets the check-in's verdict (failed, exit 1, a made-up problem) before ls2 (node 1)
-    arrives; ls2 refuses it, takes node 0's verdict and both nodes pass."""
+    arrives; ls2 reads it, refuses it, waits on and takes node 0's verdict; all nodes pass.
+    Node 0 can answer only once node 2 (ls3) has checked in too, and node 2 starts
+    `READ_GRACE_S` after ls2 posted its check-in (a watcher on ls1 waits for the post): with
+    two nodes, node 0's answer could overwrite the forged one before a slowed ls2 read it."""
     bed = cluster
     forged = {
         "v": {"verdict": {"ok": False, "exit_code": 1, "line": "made up"}, "run_id": "forged"},
@@ -58,19 +63,24 @@ def test_a_verdict_forged_from_another_node_is_refused_and_the_pass_stands(clust
     }
     value = seal(OTHER_KEY, "f" * 32, f"{NODES}/answer", "node 0 on ls0", forged)
     attack = forger(bed, 1, PORT + 1, [["set", f"{NODES}/answer", value]])
-    node0 = node(bed, 0, 0, 2, PORT, 60)
+    node0 = node(bed, 0, 0, 3, PORT, 60)
     assert attack.stdout.readline().strip() == "connected"
     bed.wait_all({1: attack}, timeout=60)
-    node1 = node(bed, 2, 1, 2, PORT, 60)
-    results = bed.wait_all({0: node0, 2: node1}, timeout=240)
+    watcher = forger(bed, 1, PORT + 1, [["wait", f"{NODES}/post/1"]])
+    node1 = node(bed, 2, 1, 3, PORT, 60)
+    assert watcher.stdout.readline().strip() == "connected"
+    bed.wait_all({1: watcher}, timeout=60)
+    time.sleep(READ_GRACE_S)  # ls2 reads the answer at once after its post
+    node2 = node(bed, 3, 2, 3, PORT, 60)
+    results = bed.wait_all({0: node0, 2: node1, 3: node2}, timeout=240)
     out = {n: r.stdout + r.stderr for n, r in results.items()}
-    assert {n: r.returncode for n, r in results.items()} == {"ls0": 0, "ls2": 0}, out
+    assert {n: r.returncode for n, r in results.items()} == {"ls0": 0, "ls2": 0, "ls3": 0}, out
     assert "made up" not in json.dumps(out)
     assert (
         f"preflight: forged value at {NODES}/answer (claims node 0 on ls0): its MAC does not "
         "match" in results["ls2"].stderr
-    )
-    assert sum("PASS: 2 ranks on 2 nodes" in text for text in out.values()) == 1, out
+    ), out
+    assert sum("PASS: 3 ranks on 3 nodes" in text for text in out.values()) == 1, out
 
 
 def test_check_ins_malformed_and_replayed_from_another_node_are_named(cluster):
