@@ -417,7 +417,7 @@ def run_size(n: int, per: int = 8, procs: int = 4, threads: int = 8, cap_s: floa
             return link_stage.second_plan(lay, got, sampled=sampled, min_link_gbps=None,
                                           pairing=pairing)  # fmt: skip
 
-        size = results.plan_ints(nodes, schedule.CONFIRM_ROUNDS + schedule.SECOND_PASS * sampled)
+        size = results.plan_ints(nodes, schedule.plan_rounds(nodes, sampled=sampled))
         mine = records(0, per, partners(first_rounds), 0)
         with timer.phase("links: first pass gathered, plan"):
             plan = exchange.close("links/pass1", mine, range(len(first_rounds)), second, size)

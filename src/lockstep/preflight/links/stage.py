@@ -101,7 +101,7 @@ def run_stage(
                 lay, records, sampled=sampled, min_link_gbps=min_link_gbps, pairing=out.pairing
             )
 
-        size = results.plan_ints(n, schedule.CONFIRM_ROUNDS + schedule.SECOND_PASS * sampled)
+        size = results.plan_ints(n, schedule.plan_rounds(n, sampled=sampled))
         done = len(first_rounds)
         plan = ex.close("links/pass1", mine, range(done), second, size)
         if plan.rounds:  # the confirmation rounds, and beyond the full matrix the second pass
