@@ -154,21 +154,20 @@ def confirm_rounds(
         mine = rails[rail]
         for x, again in zip(mine, doubtful(n, mine, min_link_gbps), strict=True):
             if again:
-                p = (min(x["a"], x["b"]), max(x["a"], x["b"]))
+                p = _pair(x)
                 slowest[p] = min(slowest.get(p, math.inf), x["gbps"])
-    measured = [0] * n
-    for a, b in {(min(x["a"], x["b"]), max(x["a"], x["b"])) for x in merged}:
-        measured[a] += 1
-        measured[b] += 1
-    degree = [0] * n
-    for a, b in slowest:
-        degree[a] += 1
-        degree[b] += 1
+    measured = _degrees(n, {_pair(x) for x in merged})
+    degree = _degrees(n, slowest)
     # a node with most of its links in doubt: only its `NODE_CONFIRMS` slowest are taken
-    allowed: dict[int, set[Pair]] = {}
-    for node in (k for k in range(n) if 2 * degree[k] > measured[k]):
-        mine = sorted((p for p in slowest if node in p), key=lambda p: (slowest[p], p))
-        allowed[node] = set(mine[:NODE_CONFIRMS])
+    at: dict[int, list[Pair]] = {}
+    for p in slowest:
+        for end in p:
+            if 2 * degree[end] > measured[end]:
+                at.setdefault(end, []).append(p)
+    allowed = {
+        node: set(sorted(pairs, key=lambda p: (slowest[p], p))[:NODE_CONFIRMS])
+        for node, pairs in at.items()
+    }
     kept = [p for p in slowest if all(p in allowed.get(e, (p,)) for e in p)]
     kept.sort(key=lambda p: (degree[p[0]] + degree[p[1]], slowest[p], p))
     out: list[Round] = []
@@ -184,6 +183,19 @@ def confirm_rounds(
         out.append(this)
         kept = rest
     return out
+
+
+def _pair(link: dict) -> Pair:
+    return (min(link["a"], link["b"]), max(link["a"], link["b"]))
+
+
+def _degrees(n: int, pairs: Iterable[Pair]) -> list[int]:
+    """How many of `pairs` each node is an end of."""
+    count = [0] * n
+    for a, b in pairs:
+        count[a] += 1
+        count[b] += 1
+    return count
 
 
 def confirm_budget(n: int, *, sampled: bool) -> int:
