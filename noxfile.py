@@ -287,8 +287,14 @@ def locked_venv(session: nox.Session, lock: str) -> Path:
     marker = venv / "lockstep-lock.sha256"
     # the build switches too: a venv whose DeepSpeed was built otherwise is re-made
     digest = _digest(lock_file, ROOT / "pyproject.toml", extra=repr(deepspeed_build_env(lock)))
+    interpreter = _interpreter(LOCKS[lock]["python"])
     if not (bin_dir / "python").exists():
-        session.run(_interpreter(LOCKS[lock]["python"]), "-m", "venv", str(venv), external=True)
+        session.run(interpreter, "-m", "venv", str(venv), external=True)
+    elif os.path.realpath(bin_dir / "python") != os.path.realpath(interpreter):
+        session.log(
+            f"{venv.name} was made with {os.path.realpath(bin_dir / 'python')}: re-making it"
+        )
+        session.run(interpreter, "-m", "venv", "--clear", str(venv), external=True)
     python = str(bin_dir / "python")
     if marker.is_file() and marker.read_text() == digest:
         session.log(f"{venv.name} matches {lock_file.name}: reusing it")
@@ -346,8 +352,24 @@ def _digest(*paths: Path, extra: str = "") -> str:
     return h.hexdigest()
 
 
+# The distribution's own pythonX.Y first, where it is there and can make a venv: the locked
+# images run Debian's python3.11 (docker/Dockerfile), so the tests run the interpreter build
+# that ships, and its binary has libpython linked in, where pyenv's and most builds from source
+# (--enable-shared, no PGO) call every C-API function through the PLT: the CPU tier took 12-16%
+# less CPU and wall under it (docs/benchmarks.md, "The locked venvs on Debian's python3.11").
+SYSTEM_PYTHON = "/usr/bin/python{version}"
+
+
 def _interpreter(version: str) -> str:
-    """The interpreter for a lock: this one if it matches, else pythonX.Y from PATH."""
+    """The interpreter for a lock: the system's pythonX.Y (SYSTEM_PYTHON) where it has venv,
+    else this one if it matches, else pythonX.Y from PATH."""
+    system = SYSTEM_PYTHON.format(version=version)
+    if os.access(system, os.X_OK):
+        probe = subprocess.run(
+            [system, "-c", "import ensurepip, venv"], capture_output=True, check=False
+        )
+        if probe.returncode == 0:  # Debian ships venv and ensurepip apart (python3-venv)
+            return system
     if f"{sys.version_info.major}.{sys.version_info.minor}" == version:
         return sys.executable
     found = shutil.which(f"python{version}")
