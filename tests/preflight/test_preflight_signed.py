@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +22,15 @@ from lockstep.launch import free_port
 from lockstep.preflight.store import Signer, connect
 from support.forger import encoded
 from support.forger import main as forge_main
-from support.preflight_ranks import LAUNCH_TIMEOUT_S, Forked, base_env, by_hand, finish
+from support.inprocess import run_main
+from support.preflight_ranks import (
+    LAUNCH_TIMEOUT_S,
+    Forked,
+    ForkedRank,
+    base_env,
+    by_hand,
+    finish,
+)
 
 KEY = "3c1f9a7e" * 8  # the job's key: every honest process has it
 OTHER_KEY = b"not-the-job-key-" * 2
@@ -32,17 +38,10 @@ NODES = "lockstep/nodes/checkin"
 
 
 def node(k: int, nnodes: int, port: int, cwd: Path, timeout: int = 30, **env: str):
-    cmd = [sys.executable, "-m", "lockstep", "preflight", "--nnodes", str(nnodes)]
-    cmd += ["--node-rank", str(k), "--rdzv-endpoint", f"127.0.0.1:{port}"]
-    cmd += ["--timeout", str(timeout), "--no-links"]
-    return subprocess.Popen(
-        cmd,
-        env=base_env(LOCKSTEP_JOB_KEY=KEY, **env),
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    """`lockstep preflight` as node `k` of `nnodes` (its launcher and its one rank), forked."""
+    args = ["--nnodes", str(nnodes), "--node-rank", str(k)]
+    args += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--timeout", str(timeout), "--no-links"]
+    return ForkedRank(args, base_env(LOCKSTEP_JOB_KEY=KEY, **env), cwd)
 
 
 def start_forger(port: int, actions: list) -> Forked:
@@ -191,18 +190,13 @@ def test_the_job_key_file_must_be_the_users_alone(tmp_path):
     key_file = tmp_path / "key"
     key_file.write_text(KEY)
     os.chmod(key_file, 0o640)
-    cmd = [sys.executable, "-m", "lockstep", "preflight"]
     env = base_env(LOCKSTEP_JOB_KEY_FILE=str(key_file))
-    got = subprocess.run(
-        [*cmd, "--nproc", "2"], env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
-    )
+    got = run_main(["preflight", "--nproc", "2"], tmp_path, environ=env)
     assert got.returncode == 2 and one_line(got.stderr), got.stderr
     assert f"LOCKSTEP_JOB_KEY_FILE={key_file} is open to group or others (mode 640)" in got.stderr
     assert KEY not in got.stdout + got.stderr
     alone = base_env(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
-    got = subprocess.run(
-        [*cmd, "--require-key"], env=alone, capture_output=True, text=True, timeout=60
-    )
+    got = run_main(["preflight", "--require-key"], tmp_path, environ=alone)
     assert got.returncode == 2 and one_line(got.stderr), got.stderr
     assert (
         "no job key is set (--require-key): give every host the same LOCKSTEP_JOB_KEY" in got.stderr
