@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,7 +28,6 @@ from support.inprocess import run_main
 from support.preflight_ranks import (
     LAUNCH_TIMEOUT_S,
     Forked,
-    ForkedRank,
     base_env,
     by_hand,
     finish,
@@ -38,10 +39,20 @@ NODES = "lockstep/nodes/checkin"
 
 
 def node(k: int, nnodes: int, port: int, cwd: Path, timeout: int = 30, **env: str):
-    """`lockstep preflight` as node `k` of `nnodes` (its launcher and its one rank), forked."""
-    args = ["--nnodes", str(nnodes), "--node-rank", str(k)]
-    args += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--timeout", str(timeout), "--no-links"]
-    return ForkedRank(args, base_env(LOCKSTEP_JOB_KEY=KEY, **env), cwd)
+    """`lockstep preflight` as node `k` of `nnodes`: a new interpreter, as a node's command is.
+    (Forked from this worker's forkserver instead, node 0 once never served its store within
+    the forger's wait in a whole-tier run, 2026-11-27; the cause was not found.)"""
+    cmd = [sys.executable, "-m", "lockstep", "preflight", "--nnodes", str(nnodes)]
+    cmd += ["--node-rank", str(k), "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    cmd += ["--timeout", str(timeout), "--no-links"]
+    return subprocess.Popen(
+        cmd,
+        env=base_env(LOCKSTEP_JOB_KEY=KEY, **env),
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def start_forger(port: int, actions: list) -> Forked:
