@@ -288,12 +288,11 @@ def locked_venv(session: nox.Session, lock: str) -> Path:
     # the build switches too: a venv whose DeepSpeed was built otherwise is re-made
     digest = _digest(lock_file, ROOT / "pyproject.toml", extra=repr(deepspeed_build_env(lock)))
     interpreter = _interpreter(LOCKS[lock]["python"])
+    made_with = os.path.realpath(bin_dir / "python")
     if not (bin_dir / "python").exists():
         session.run(interpreter, "-m", "venv", str(venv), external=True)
-    elif os.path.realpath(bin_dir / "python") != os.path.realpath(interpreter):
-        session.log(
-            f"{venv.name} was made with {os.path.realpath(bin_dir / 'python')}: re-making it"
-        )
+    elif made_with != os.path.realpath(interpreter):
+        session.log(f"{venv.name} was made with {made_with}: re-making it")
         session.run(interpreter, "-m", "venv", "--clear", str(venv), external=True)
     python = str(bin_dir / "python")
     if marker.is_file() and marker.read_text() == digest:

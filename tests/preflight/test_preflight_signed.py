@@ -25,13 +25,7 @@ from lockstep.preflight.store import Signer, connect
 from support.forger import encoded
 from support.forger import main as forge_main
 from support.inprocess import run_main
-from support.preflight_ranks import (
-    LAUNCH_TIMEOUT_S,
-    Forked,
-    base_env,
-    by_hand,
-    finish,
-)
+from support.preflight_ranks import LAUNCH_TIMEOUT_S, Forked, base_env, by_hand, finish
 
 KEY = "3c1f9a7e" * 8  # the job's key: every honest process has it
 OTHER_KEY = b"not-the-job-key-" * 2
