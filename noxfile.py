@@ -85,8 +85,19 @@ def tests(session: nox.Session) -> None:
     # tests that mostly wait run in two queues, each one after another on a worker of its own
     # (tests/conftest.py's scheduler), beside a worker that keeps the cores busy meanwhile.
     workers = str((os.cpu_count() or 1) + 1)
+    # One OpenMP thread a process unless set, as torchrun gives each rank: the workers, their
+    # ranks and launchers share the cores, and a second intra-op thread each only
+    # oversubscribes them (libgomp's idle threads spin). 10-12% less CPU and wall
+    # (docs/benchmarks.md). The ranks' own share of cores (`launch.rank_environment`, unset
+    # here) is the cluster tier's to test.
+    threads = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     session.run(
-        bin_dir / "pytest", "-n", workers, *session.posargs, external=True, env=WRITE_BYTECODE
+        bin_dir / "pytest",
+        "-n",
+        workers,
+        *session.posargs,
+        external=True,
+        env={**WRITE_BYTECODE, **threads},
     )
 
 
