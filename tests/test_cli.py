@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import lockstep
 from lockstep.cli import main
@@ -55,3 +56,31 @@ def test_deepspeed_launcher_local_rank_argument_becomes_local_rank(monkeypatch):
     monkeypatch.delenv("LOCAL_RANK")
     assert take_local_rank(["fingerprint", "--local-rank", "1"]) == ["fingerprint"]
     assert os.environ["LOCAL_RANK"] == "1"
+
+
+def test_the_command_leaves_without_walking_torchs_heap(tmp_path):
+    """`console` (the console script's and `python -m lockstep`'s entry) freezes the heap after
+    every other atexit callback: a callback registered before it sees the freeze, and what
+    the command wrote is all there."""
+    out = tmp_path / "fp.json"
+    code = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0, flush=True))\n"
+        "from lockstep.cli import console\n"
+        f"sys.argv[1:] = ['fingerprint', '--json', {str(out)!r}]\n"
+        "raise SystemExit(console())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "frozen True"
+    assert "torch" in out.read_text()
+
+
+def test_both_entry_points_are_the_console():
+    from importlib.metadata import entry_points
+
+    (script,) = entry_points(group="console_scripts", name="lockstep")
+    assert script.value == "lockstep.cli:console"
+    main_module = (Path(lockstep.__file__).parent / "__main__.py").read_text()
+    assert "raise SystemExit(console())" in main_module

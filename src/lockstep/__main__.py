@@ -1,3 +1,3 @@
-from lockstep.cli import main
+from lockstep.cli import console
 
-raise SystemExit(main())
+raise SystemExit(console())

@@ -86,5 +86,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def console() -> int:
+    """The `lockstep` command and `python -m lockstep`: `main` in a process of its own, which
+    leaves without Python's last garbage collection walking every object torch and DeepSpeed
+    made at import (0.3-0.5 s of CPU at each exit here). `gc.freeze`, registered first, runs
+    after every other atexit callback; module teardown still releases what it holds, in the
+    same order, flushing its files. Not for `main` called in a process that goes on."""
+    import atexit
+    import gc
+
+    atexit.register(gc.freeze)
+    return main()
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(console())
