@@ -11,7 +11,6 @@ import pytest
 
 from lockstep.cli import main
 from lockstep.launch.script import dumps_folder, launch
-from support.doubling import until
 
 PLANTED = str(Path(__file__).parent / "scripts" / "planted.py")
 HELPERS = str(Path(__file__).parent / "scripts" / "helpers.py")
@@ -19,31 +18,6 @@ HELPERS = str(Path(__file__).parent / "scripts" / "helpers.py")
 
 def _env() -> dict:
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")
-
-
-def test_a_new_interpreter_blocked_in_gloo_is_named(tmp_path):
-    """Nothing of lockstep runs in the ranks unless lockstep put it there (sitecustomize)."""
-    log = tmp_path / "run.log"
-
-    def attempt(timeout):  # both ranks started, each blocked in its collective, then the timeout
-        done = launch([PLANTED, "hang", "0"], 2, log, env=_env(), timeout=timeout,
-                      forensics=dumps_folder(log))  # fmt: skip
-        assert done.code is None  # timed out
-        report = done.report()
-        return len(report.versions) == 2 and bool(report.findings), (done, report)
-
-    done, report = until(attempt, 6.0)
-    text = report.text()
-    (f,) = report.findings
-    assert f.seq == 2 and f.odd == [0, 1]  # two ranks, two collectives: no majority to pick
-    assert "rank 0: broadcast (in [4] Float)" in text
-    assert "rank 1: all_gather (in [4] Float, out [2, 4] Float)" in text
-    lines = Path(PLANTED).read_text().splitlines()
-    for call in ("dist.broadcast(t, 0)", "dist.all_gather([torch.zeros(4)"):  # each rank's stack
-        line = next(i for i, ln in enumerate(lines, 1) if ln.strip().startswith(call))
-        assert f'planted.py", line {line} in <module>' in text
-    assert report.versions == {0: "2.10", 1: "2.10"}
-    assert "rank 0: broadcast" in done.hang_report()
 
 
 def test_a_size_mismatch_crash_names_collective_seq_and_rank_0(tmp_path):

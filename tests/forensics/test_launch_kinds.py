@@ -169,18 +169,34 @@ def test_a_new_interpreter_on_4_ranks_blocked_in_gloo_is_named(tmp_path):
 
 
 def test_helpers_a_rank_starts_leave_the_dump_of_a_hang_alone(tmp_path):
-    """Each rank starts a helper interpreter that imports torch and exits after its rank
-    dumped, and one that crashes (it made every rank dump at once, before the hang): the
-    dumps record the hang (scripts/helpers.py)."""
-    # reached once rank 1 is in its broadcast: on a loaded machine its helpers can still be
-    # starting when a short timeout fires ("rank 1 never reached #2 ... in Python")
-    report = _hung("hang", 1, 2, tmp_path, run_path=False, timeout=8.0, script=HELPERS,
-                   reached=lambda r: "rank 1: broadcast" in r.text())  # fmt: skip
-    (f,) = report.findings
-    assert f.odd == [0, 1] and f.seq == 2, report.text()
+    """Two new interpreters blocked in gloo, each rank in another collective: nothing of
+    lockstep runs in them unless lockstep put it there (sitecustomize). Each rank starts a
+    helper interpreter that imports torch and exits after its rank dumped, and one that
+    crashes (it made every rank dump at once, before the hang): the dumps record the hang
+    (scripts/helpers.py)."""
+    log = tmp_path / "run.log"
+
+    def attempt(timeout):
+        done = launch([HELPERS, "hang", "1"], 2, log, env=_env(), timeout=timeout,
+                      forensics=dumps_folder(log))  # fmt: skip
+        assert done.code is None, log.read_text()[-2000:]  # timed out
+        report = done.report()
+        # reached once rank 1 is in its broadcast: on a loaded machine its helpers can still
+        # be starting when a short timeout fires ("rank 1 never reached #2 ... in Python")
+        return len(report.versions) == 2 and "rank 1: broadcast" in report.text(), (done, report)
+
+    done, report = until(attempt, 8.0)
     text = report.text()
+    (f,) = report.findings
+    assert f.seq == 2 and f.odd == [0, 1], text  # two ranks, two collectives: no majority
     assert "rank 0: all_gather (in [4] Float, out [2, 4] Float)" in text
     assert "rank 1: broadcast (in [4] Float)" in text
+    lines = Path(HELPERS).read_text().splitlines()
+    for call in ("dist.broadcast(t, 0)", "dist.all_gather(out, t)"):  # each rank's stack
+        line = next(i for i, ln in enumerate(lines, 1) if ln.strip().startswith(call))
+        assert f'helpers.py", line {line} in <module>' in text
+    assert report.versions == {0: "2.10", 1: "2.10"}
+    assert "rank 1: broadcast" in done.hang_report()
 
 
 @pytest.mark.parametrize(("nproc", "odd"), [(2, 1), (4, 0)])
