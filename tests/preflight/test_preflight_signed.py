@@ -25,7 +25,14 @@ from lockstep.preflight.store import Signer, connect
 from support.forger import encoded
 from support.forger import main as forge_main
 from support.inprocess import run_main
-from support.preflight_ranks import LAUNCH_TIMEOUT_S, Forked, base_env, by_hand, finish
+from support.preflight_ranks import (
+    LAUNCH_TIMEOUT_S,
+    Forked,
+    base_env,
+    by_hand,
+    endpoint_port,
+    finish,
+)
 
 KEY = "3c1f9a7e" * 8  # the job's key: every honest process has it
 OTHER_KEY = b"not-the-job-key-" * 2
@@ -34,8 +41,7 @@ NODES = "lockstep/nodes/checkin"
 
 def node(k: int, nnodes: int, port: int, cwd: Path, timeout: int = 30, **env: str):
     """`lockstep preflight` as node `k` of `nnodes`: a new interpreter, as a node's command is.
-    (Forked from this worker's forkserver instead, node 0 once never served its store within
-    the forger's wait in a whole-tier run, 2026-11-27; the cause was not found.)"""
+    PORT: `endpoint_port()`'s, so that node 0 can serve the check-in at PORT+1."""
     cmd = [sys.executable, "-m", "lockstep", "preflight", "--nnodes", str(nnodes)]
     cmd += ["--node-rank", str(k), "--rdzv-endpoint", f"127.0.0.1:{port}"]
     cmd += ["--timeout", str(timeout), "--no-links"]
@@ -56,8 +62,15 @@ def start_forger(port: int, actions: list) -> Forked:
     return Forked(name, base_env(), forge_main, "127.0.0.1", str(port), encoded(actions))
 
 
-def connected(forger: Forked) -> None:
-    assert forger.stdout.readline().strip() == "connected"
+def connected(forger: Forked, *honest) -> None:
+    """The forger reached the store; if it did not, why (its error, the honest processes')."""
+    if forger.stdout.readline().strip() == "connected":
+        return
+    for proc in honest:
+        proc.kill()
+    said = [proc.communicate(timeout=LAUNCH_TIMEOUT_S) for proc in (forger, *honest)]
+    tails = [[text[-500:] for text in streams] for streams in said]  # stdout, stderr each
+    raise AssertionError(f"the forger never connected; it and the honest processes said: {tails}")
 
 
 def done(forger: Forked) -> None:
@@ -77,7 +90,7 @@ def test_a_forged_node_verdict_is_refused_and_the_honest_one_stands(tmp_path):
     """The issue's case: another host sets the check-in's verdict (ok, exit 0) before node 1
     reads it. Node 1 names the forgery in one line and takes node 0's verdict, which fails
     on node 1's own problem (an interface that is not there)."""
-    port = free_port()
+    port = endpoint_port()
     forged = {
         "v": {
             "verdict": {"ok": True, "exit_code": 0, "line": "PASS (forged by another host)"},
@@ -89,7 +102,7 @@ def test_a_forged_node_verdict_is_refused_and_the_honest_one_stands(tmp_path):
     value = envelope(Signer(OTHER_KEY, "f" * 32), f"{NODES}/answer", claims, forged)
     forger = start_forger(port + 1, [["set", f"{NODES}/answer", value]])
     node0 = node(0, 2, port, tmp_path)
-    connected(forger)
+    connected(forger, node0)
     done(forger)  # the forged verdict is there before node 1 arrives
     node1 = node(1, 2, port, tmp_path, GLOO_SOCKET_IFNAME="absent0")
     results = finish({0: node0, 1: node1})
@@ -107,7 +120,7 @@ def test_a_malformed_and_a_replayed_check_in_are_named_not_believed(tmp_path):
     nothing (on main: a 29-line JSONDecodeError traceback), node 2's as an earlier run signed
     it (the job's key, another nonce), and counts both as arrived (a counter cannot be
     signed). Node 0 names both in its one verdict line, exit 1, at once."""
-    port = free_port()
+    port = endpoint_port()
     earlier = Signer(KEY.encode(), "e" * 32)  # what a run before this one signed
     checkin = {"node": 2, "host": "ls-old", "nproc": 1, "problems": []}
     replayed = envelope(
@@ -122,7 +135,7 @@ def test_a_malformed_and_a_replayed_check_in_are_named_not_believed(tmp_path):
         ],
     )
     node0 = node(0, 3, port, tmp_path, timeout=120)
-    connected(forger)
+    connected(forger, node0)
     done(forger)
     started = time.monotonic()
     result = finish({0: node0})[0]

@@ -7,6 +7,7 @@ of its own, a launcher script's import) the fork does itself."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -35,6 +36,30 @@ _LAUNCHER_VARS = (
     "PMIX_RANK",
     "GITHUB_STEP_SUMMARY",
 )
+
+
+def endpoint_port() -> int:
+    """A port P for `--rdzv-endpoint` whose P+1 (node 0's check-in store) is free too, both
+    below the kernel's ephemeral range. `free_port()`'s P is one that bind(0) hands out (odd
+    here); P+1 is then one that connect() gives outgoing connections (even), and an open one
+    there makes node 0's bind fail ("cannot serve the check-in"): seen under a whole tier's
+    load on CI, 2026-11-27. Below the range only another explicit bind can take it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    pick = random.SystemRandom()
+    for _ in range(200):
+        port = pick.randrange(max(1024, low - 10000), low - 1)
+        if _bindable(port) and _bindable(port + 1):
+            return port
+    raise RuntimeError(f"no free pair of ports below {low} after 200 tries")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def base_env(**extra: str) -> dict[str, str]:
