@@ -125,8 +125,9 @@ def test_a_gate_jobs_timeout_names_the_collective(tmp_path):
 
 def _hung(mode: str, odd: int, nproc: int, tmp_path: Path, run_path: bool, timeout: float,
           script: str = PLANTED, reached=None):  # fmt: skip
-    """The planted fault timed out and read back; `reached(report)`: the fault itself was
-    recorded (default: some rank out of step), else the timeout doubles (`until`)."""
+    """The planted fault timed out and read back: (the launch, its report). `reached(report)`:
+    the fault itself was recorded (default: some rank out of step), else the timeout doubles
+    (`until`)."""
     log = tmp_path / "run.log"
 
     def attempt(t):
@@ -137,14 +138,14 @@ def _hung(mode: str, odd: int, nproc: int, tmp_path: Path, run_path: bool, timeo
         # the fault reached: some rank out of step (a loaded machine can time the run out
         # while every rank is still inside an earlier collective: "ranks 0, 1 wait in #3")
         fault = reached(report) if reached else any(f.odd for f in report.findings)
-        return len(report.versions) == nproc and fault, report
+        return len(report.versions) == nproc and fault, (done, report)
 
     return until(attempt, timeout)
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_a_rank_in_python_with_no_collective_pending_is_rank_0(tmp_path, nproc):
-    report = _hung("python", 0, nproc, tmp_path, run_path=True, timeout=3.0)
+    _, report = _hung("python", 0, nproc, tmp_path, run_path=True, timeout=3.0)
     # a fresh clone once read "ranks 0, 1 wait in all_reduce #3" at 3, 6 and 12 s: the whole
     # report, for the next time
     assert len(report.findings) == 1, report.text()
@@ -159,7 +160,7 @@ def test_a_rank_in_python_with_no_collective_pending_is_rank_0(tmp_path, nproc):
 
 def test_a_new_interpreter_on_4_ranks_blocked_in_gloo_is_named(tmp_path):
     """Not --run-path: nothing of lockstep runs in the ranks but what it put there."""
-    report = _hung("hang", 3, 4, tmp_path, run_path=False, timeout=10.0)
+    _, report = _hung("hang", 3, 4, tmp_path, run_path=False, timeout=10.0)
     (f,) = report.findings
     assert f.odd == [3] and f.seq == 2, report.text()
     assert f.headline.startswith("rank 3 entered broadcast #2 while ranks 0-2 wait in "
@@ -174,18 +175,10 @@ def test_helpers_a_rank_starts_leave_the_dump_of_a_hang_alone(tmp_path):
     helper interpreter that imports torch and exits after its rank dumped, and one that
     crashes (it made every rank dump at once, before the hang): the dumps record the hang
     (scripts/helpers.py)."""
-    log = tmp_path / "run.log"
-
-    def attempt(timeout):
-        done = launch([HELPERS, "hang", "1"], 2, log, env=_env(), timeout=timeout,
-                      forensics=dumps_folder(log))  # fmt: skip
-        assert done.code is None, log.read_text()[-2000:]  # timed out
-        report = done.report()
-        # reached once rank 1 is in its broadcast: on a loaded machine its helpers can still
-        # be starting when a short timeout fires ("rank 1 never reached #2 ... in Python")
-        return len(report.versions) == 2 and "rank 1: broadcast" in report.text(), (done, report)
-
-    done, report = until(attempt, 8.0)
+    # reached once rank 1 is in its broadcast: on a loaded machine its helpers can still be
+    # starting when a short timeout fires ("rank 1 never reached #2 ... in Python")
+    done, report = _hung("hang", 1, 2, tmp_path, run_path=False, timeout=8.0, script=HELPERS,
+                         reached=lambda report: "rank 1: broadcast" in report.text())  # fmt: skip
     text = report.text()
     (f,) = report.findings
     assert f.seq == 2 and f.odd == [0, 1], text  # two ranks, two collectives: no majority
@@ -204,7 +197,7 @@ def test_a_rank_that_skips_a_collective_is_named(tmp_path, nproc, odd):
     """Forked ranks blocked in gloo (new interpreters: the tests above): rank ODD skipped
     all_reduce #5 and waits in the all_gather after it; on 4 ranks the culprit is rank 0
     (torch's analyzer blames others)."""
-    report = _hung("skip", odd, nproc, tmp_path, run_path=True, timeout=6.0)
+    _, report = _hung("skip", odd, nproc, tmp_path, run_path=True, timeout=6.0)
     (f,) = report.findings
     others = {2: "rank 0 waits", 4: "ranks 1-3 wait"}[nproc]
     assert f.odd == [odd] and f.kind == "skipped" and f.seq == 5, report.text()
