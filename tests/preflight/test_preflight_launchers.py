@@ -4,6 +4,7 @@ at, and the one-line usage errors of bad launcher or multi-node input (no ranks 
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,6 +13,7 @@ import pytest
 from lockstep.cli import main
 from lockstep.launch.detect import LAUNCHER_VARIABLES
 from support.launches import KUBEFLOW_V1, MASTER, MPIRUN, SLURM_RANK, SRUN
+from support.preflight_ranks import endpoint_port
 
 CONFIG = str(Path(__file__).resolve().parents[2] / "smoke" / "cpu-ddp.toml")
 RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -151,3 +153,24 @@ def test_multinode_flags_misused_exit_2(argv, named, monkeypatch, capsys):
     assert main(["preflight", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and named in err, err
+
+
+def test_node_0_whose_check_in_port_is_held_says_what_to_do(monkeypatch, capsys):
+    """The endpoint's port + 1 held by a connection's own end (connect() takes those from the
+    ephemeral range, as on CI, 2026-11-27): one line naming the port and what to do, exit 2."""
+    for name in {*LAUNCHER_VARIABLES, "TORCHELASTIC_RUN_ID", *KUBEFLOW_V1}:
+        monkeypatch.delenv(name, raising=False)
+    port = endpoint_port()
+    argv = ["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    with socket.socket() as server, socket.socket() as held:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        held.bind(("127.0.0.1", port + 1))
+        held.connect(server.getsockname())
+        assert main(["preflight", *argv, "--timeout", "5", "--no-links"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Address already in use" in err, err
+    assert (
+        f"cannot serve the check-in on port {port + 1}, the endpoint's port + 1 (give an "
+        "endpoint port whose next one is free, below the ephemeral range" in err
+    ), err

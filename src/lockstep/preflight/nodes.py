@@ -71,7 +71,9 @@ def check_in(multi: MultiNode, timeout_s: float, signer: Signer) -> tuple[dict, 
         timeout_s=timeout_s + _EXTRA_S,
         reach_s=timeout_s,
         messages={
-            "cannot_serve": f"node 0 ({me}) cannot serve the check-in on port {port + 1}",
+            "cannot_serve": f"node 0 ({me}) cannot serve the check-in on port {port + 1}, the "
+            "endpoint's port + 1 (give an endpoint port whose next one is free, below the "
+            "ephemeral range of net.ipv4.ip_local_port_range, where connections take theirs)",
             "unreachable": f"preflight: {me} (node {multi.node_rank}) could not reach node 0's "
             f"check-in at {where} within {timeout_s:g}s ({why})",
             "name": "the check-in",
