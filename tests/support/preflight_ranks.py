@@ -41,9 +41,10 @@ _LAUNCHER_VARS = (
 def endpoint_port() -> int:
     """A port P for `--rdzv-endpoint` whose P+1 (node 0's check-in store) is free too, both
     below the kernel's ephemeral range. `free_port()`'s P is one that bind(0) hands out (odd
-    here); P+1 is then one that connect() gives outgoing connections (even), and an open one
-    there makes node 0's bind fail ("cannot serve the check-in"): seen under a whole tier's
-    load on CI, 2026-11-27. Below the range only another explicit bind can take it."""
+    here); P+1 is then one that connect() gives outgoing connections (even), and one held
+    there, open or in TIME_WAIT, makes node 0's bind fail ("cannot serve the check-in"): the
+    likely cause of CI's failure of 2026-11-27 (the forger never connected; a whole tier holds
+    about 50 such ports at a time). Below the range only another explicit bind can take it."""
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     pick = random.SystemRandom()
     for _ in range(200):
