@@ -199,7 +199,8 @@ def test_two_nodes_with_two_torchrun_agents(tmp_path):
     port, report = free_port(), tmp_path / "report.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2"]
     cmd += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
-    cmd += ["--rdzv-id", f"two-nodes-{port}", "-m", "lockstep", "preflight"]
+    cmd += ["--rdzv-id", f"two-nodes-{port}", "--log-dir", str(tmp_path / "agents")]
+    cmd += ["-m", "lockstep", "preflight"]  # without --log-dir torchrun leaves /tmp/torchelastic_*
     cmd += ["--timeout", "60", "--json", str(report)]
     agents = [
         subprocess.Popen(
