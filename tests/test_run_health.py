@@ -71,6 +71,35 @@ def test_a_flat_loss_takes_three_consecutive_identical_steps():
     assert run_health.flat_loss(three).text.startswith("loss is 1.5 at each of steps 2..4")
 
 
+def test_parameters_that_never_change_do_not_train_but_a_skipped_step_may_keep_them():
+    frozen = [dict(r, param_digest="a" * 16) for r in rows()]
+    found = run_health.not_training(frozen)
+    assert (found.kind, found.step, found.metric) == ("no update", 1, "param_digest")
+    assert "after each of steps 1..6 (6 logged steps)" in found.text
+    moving = [dict(r, param_digest=f"{i:016x}") for i, r in enumerate(rows())]
+    assert run_health.not_training(moving) is None
+    # fp16 loss scaling skipped step 2: its digest repeats step 1's, and that is no failure
+    skipped = [dict(r, param_digest="b" * 16) for r in rows()[:2]]
+    skipped[1]["skipped"] = True
+    assert run_health.no_update(skipped) is None
+    assert run_health.no_update(frozen[:1]) is None  # one step: nothing to compare
+    # no digest: not judged, and said so
+    assert run_health.no_update(rows()) is None
+    assert "cannot be judged" in run_health.update_notes(rows())[0]
+    assert run_health.update_notes(moving) == []
+
+
+def test_a_loss_that_explodes_while_finite_fails_and_spikes_do_not():
+    spikes = rows(loss={3: 40.0, 5: 150.0})  # a 75x spike: noisy, not an explosion
+    assert run_health.exploding_loss(spikes) is None
+    found = run_health.not_training(rows(loss={4: 5e14}))
+    assert (found.kind, found.step, found.value) == ("exploding loss", 4, "500000000000000.0")
+    # a first loss at or near 0 sets no scale: LOSS_FLOOR does
+    near_zero = rows(loss={1: 1e-9, 2: 0.5, 3: 600.0})
+    assert run_health.exploding_loss(near_zero) is None
+    assert run_health.exploding_loss(rows(loss={1: 0.0, 4: 1001.0})).step == 4
+
+
 def test_zero_gradients_and_an_empty_digest_do_not_train():
     zero = [dict(r, grad_norm=0.0) for r in rows()]
     assert run_health.zero_gradients(zero).kind == "zero gradients"

@@ -9,8 +9,12 @@ for being NaN).
   loss scaling), which is a note. A non-finite loss always fails.
 - A metric absent at a step (or logged as null) is "not logged" there, never NaN.
 - A run does not train when its loss is bitwise identical over `FLAT_STEPS` or more
-  consecutive logged steps, when its gradient norm is zero at every logged step, or when its
-  parameter digest covered no tensor (`track.EMPTY_DIGEST`).
+  consecutive logged steps, when its gradient norm is zero at every logged step, when its
+  parameter digest covered no tensor (`track.EMPTY_DIGEST`), when its parameter digest is the
+  same after every logged step the optimizer did not skip (no update: a loss that moves with
+  the data hides it), or when its loss explodes while finite (`exploding_loss`).
+- Without a parameter digest, whether the parameters change cannot be judged: a note
+  (`update_notes`), never a failure.
 """
 
 from __future__ import annotations
@@ -22,6 +26,11 @@ from dataclasses import dataclass
 from lockstep.track import EMPTY_DIGEST
 
 FLAT_STEPS = 3  # a loss bitwise identical over this many consecutive logged steps is flat
+# A loss explodes past this many times its scale: its first finite logged value, but at least
+# LOSS_FLOOR (a first loss at or near 0 sets no scale). Sound runs, docs/benchmarks.md: the
+# largest loss over the first, across every script the test suite checks, is far below it.
+EXPLODE_FACTOR = 1e3
+LOSS_FLOOR = 1.0
 NON_FINITE_TEXT = frozenset(
     s + t for s in ("", "+", "-") for t in ("nan", "inf", "infinity")
 )  # compared lowercased
@@ -29,6 +38,8 @@ NON_FINITE = "non-finite"
 FLAT_LOSS = "flat loss"
 ZERO_GRADIENTS = "zero gradients"
 EMPTY = "empty digest"
+NO_UPDATE = "no update"
+EXPLODING = "exploding loss"
 
 
 @dataclass(frozen=True)
@@ -149,9 +160,53 @@ def empty_digest(records: list[dict]) -> Problem | None:
     return None
 
 
+def no_update(records: list[dict]) -> Problem | None:
+    """The parameter digest the same after each of two or more logged steps that the
+    optimizer did not skip: those steps changed no parameter."""
+    logged = [(int(r["step"]), r["param_digest"]) for r in _in_order(records)
+              if isinstance(r.get("param_digest"), str) and not skipped(r)]  # fmt: skip
+    if len(logged) < 2 or len({d for _, d in logged}) > 1:
+        return None
+    (first, digest), (last, _) = logged[0], logged[-1]
+    return Problem(NO_UPDATE, first, "param_digest", digest,
+                   f"the parameter digest is {digest} after each of steps {first}..{last} "
+                   f"({len(logged)} logged steps): no step changes a parameter, so the run does "
+                   "not train (a learning rate of 0, no optimizer.step(), or an optimizer over "
+                   "other parameters than the model's)")  # fmt: skip
+
+
+def exploding_loss(records: list[dict]) -> Problem | None:
+    """The first step whose finite loss is over `EXPLODE_FACTOR` times the run's scale: its
+    first finite loss, or `LOSS_FLOOR` if that is smaller (a first loss at or near 0)."""
+    losses = [(int(r["step"]), number(r.get("loss"))) for r in _in_order(records)]
+    losses = [(s, x) for s, x in losses if x is not None and math.isfinite(x)]
+    if not losses:
+        return None
+    first = losses[0][1]
+    scale = max(abs(first), LOSS_FLOOR)
+    for step, x in losses[1:]:
+        if abs(x) > EXPLODE_FACTOR * scale:
+            return Problem(EXPLODING, step, "loss", repr(x),
+                           f"loss is {x:.4g} at step {step}, over {EXPLODE_FACTOR:g} times its "
+                           f"scale {scale:g} (the first loss {first:.4g}, at least {LOSS_FLOOR:g})"
+                           ": the loss explodes while still finite (a learning rate far too "
+                           "high, or no clipping)")  # fmt: skip
+    return None
+
+
 def not_training(records: list[dict]) -> Problem | None:
-    """A flat loss, zero gradients or an empty parameter digest, the first found."""
-    return flat_loss(records) or zero_gradients(records) or empty_digest(records)
+    """A flat loss, zero gradients, an empty parameter digest, no update or an exploding
+    loss, the first found."""
+    return (flat_loss(records) or zero_gradients(records) or empty_digest(records)
+            or no_update(records) or exploding_loss(records))  # fmt: skip
+
+
+def update_notes(records: list[dict]) -> list[str]:
+    """A note when no parameter digest was logged: an update cannot be judged."""
+    if len(records) < 2 or any("param_digest" in r for r in records):
+        return []
+    return ["no parameter digest logged, so whether a step updates the parameters cannot be "
+            "judged (pass model=model to lockstep.track.log)"]  # fmt: skip
 
 
 def problem(records: list[dict], metrics: tuple[str, ...]) -> Problem | None:

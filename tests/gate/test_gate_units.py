@@ -592,3 +592,18 @@ def test_the_h200_gpu_bound_gate_catches_what_its_noise_allows(tmp_path, capsys)
         stored = json.loads((folder / f"gate-{name}.json").read_text())
         assert stored["verdict"] == ("fail" if name == "spin" else "pass")
     assert verdicts == {"aa": 0, "spin": 1, "sleep": 0}
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ({"param_digest": ["a" * 16] * 4}, "no step changes a parameter"),
+        ({"loss": [2.0, 9.0, 4e3, 2.5]}, "the loss explodes while still finite"),
+    ],
+    ids=["no-update", "exploding-loss"],
+)
+def test_gate_record_refuses_a_run_that_does_not_train(extra, said):
+    """The rules `run_health` holds for the checks refuse a golden too."""
+    losses = extra.pop("loss", [2.0, 1.5, 1.2, 1.0])
+    with pytest.raises(UsageError, match=f"repeat 1: .*{said}.*fix the job before recording"):
+        golden.build([run(losses, **extra)] * 2, HEADER)
