@@ -145,7 +145,9 @@ LAYERS = [
     "forensics | integrations",
     "alerts | run_health",
     "track",
-    "errors : redact : compat : extras : summary_md : job_options : module_digest : inputs : terminal",
+    "state_digest",
+    "errors : redact : compat : extras : summary_md : job_options : module_digest : inputs : terminal"
+    " : local_batch",
 ]
 
 

@@ -29,6 +29,14 @@ Fields of a line (`step` and `loss` required, the rest optional):
                          inf or NaN); a non-finite grad_norm is then a note, not a failure
     param_digest  str    with `model=`: exact checksum of this rank's parameters
     buffer_digest str    with `model=`: the same over its buffers (BatchNorm running stats...)
+                         as the step's first forward entered the model, after a DDP
+                         wrapper's broadcast; absent where that forward was not seen
+    param_digest_in str  a run's first line: the parameters its forward entered with (what
+                         a resume loaded), where `protocol()` came before it
+    buffers       dict   per-rank files only: each buffer's own checksum, by name
+    local_batch   dict   in a check's run (LOCKSTEP_LOCAL_BATCH): dropout and local-batch
+                         BatchNorm its forwards call (`lockstep.local_batch`), the first step
+                         watched, and whether each was switched off
 
 Checks compare `loss`, `grad_norm` and `lr` (and the digests across ranks); `time`,
 `tokens_per_s`, `step_time_s` and `mem_bytes` differ between runs by nature and are never
@@ -37,7 +45,6 @@ compared exactly (the regression gates use them).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -46,6 +53,9 @@ import time as _time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
+
+from lockstep import state_digest
+from lockstep.state_digest import EMPTY_DIGEST, digests  # noqa: F401 (the protocol's API)
 
 RANK_PLACEHOLDER = "{rank}"
 # A script's command line may name the variables as placeholders, `{metrics}` for
@@ -102,6 +112,8 @@ def replay_dtype() -> str | None:
 def protocol() -> Protocol:
     env = os.environ
     replay_dtype()
+    if env.get("LOCKSTEP_METRICS"):
+        state_digest.observe(1)
     return Protocol(
         metrics=Path(env["LOCKSTEP_METRICS"]) if env.get("LOCKSTEP_METRICS") else None,
         max_steps=int(env["LOCKSTEP_MAX_STEPS"]) if env.get("LOCKSTEP_MAX_STEPS") else None,
@@ -131,74 +143,6 @@ def _plain(value):
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
     return value
-
-
-_INT_VIEW = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
-
-
-EMPTY_DIGEST = hashlib.sha256().hexdigest()[:16]  # what `digests` gives for no tensor at all
-
-
-def _covered(t, gather: bool):
-    """The tensor a digest covers. A parameter each rank holds a piece of (FSDP2's DTensor,
-    ZeRO-3) is gathered to its full value when every rank digests (`gather`: a collective,
-    so replicas compare the same thing), else this rank's own piece."""
-    if type(t).__name__ == "DTensor":
-        return t.full_tensor() if gather else t.to_local()
-    if getattr(t, "ds_id", None) is not None:
-        if not gather:
-            return t.ds_tensor
-        from deepspeed.runtime.zero import GatheredParameters
-
-        with GatheredParameters([t]):
-            return t.detach().clone()
-    return t
-
-
-def _checksums(tensors) -> list[int]:
-    """Two exact integer checksums per tensor over its raw bits: the sum of the bit patterns
-    and the sum of their squares, in int64 (integer sums do not depend on reduction order,
-    so equal tensors give equal checksums on any device; wrap-around is deterministic)."""
-    import torch
-
-    sums = []
-    for t in tensors:
-        t = t.detach()
-        if t.numel() == 0:
-            sums += [torch.zeros((), dtype=torch.int64, device=t.device)] * 2
-            continue
-        if t.dtype == torch.bool:
-            bits = t.to(torch.int64)
-        else:
-            bits = t.contiguous().view(getattr(torch, _INT_VIEW[t.element_size()])).to(torch.int64)
-        bits = bits.flatten()
-        sums += [bits.sum(), (bits * bits).sum()]
-    if not sums:
-        return []
-    return [int(x) for x in torch.stack([s.cpu() for s in sums]).tolist()]
-
-
-def digests(model, gather: bool = False) -> dict[str, str]:
-    """`param_digest` and `buffer_digest` of a module on this rank: 16 hex digits each, equal
-    when every parameter (every buffer) is bitwise equal; `EMPTY_DIGEST` when it holds none.
-    Costs two integer reductions per tensor and one transfer. Sharded parameters (DTensor,
-    ZeRO-3) count by their full value with `gather` (every rank must call it then), else by
-    this rank's shard (`_covered`)."""
-    out = {}
-    for field, named in (
-        ("param_digest", model.named_parameters()),
-        ("buffer_digest", model.named_buffers()),
-    ):
-        items = [(n, _covered(t, gather)) for n, t in named if t is not None]
-        h = hashlib.sha256()
-        for (name, t), pair in zip(items, _pairs(_checksums(t for _, t in items)), strict=True):
-            h.update(f"{name}:{tuple(t.shape)}:{t.dtype}:{pair[0]}:{pair[1]}\0".encode())
-        out[field] = h.hexdigest()[:16]
-    return out
-
-
-def _pairs(values: list[int]):
-    return [values[i : i + 2] for i in range(0, len(values), 2)]
 
 
 def metrics_path(rank: int | None = None) -> str | None:
@@ -248,6 +192,10 @@ def log(step: int, *, model=None, **metrics) -> None:
     and `buffer_digest`; `time` (unix seconds, now) is added unless given."""
     if _watched:
         _write_watched(int(step))
+    seen = {}
+    if os.environ.get("LOCKSTEP_METRICS"):
+        seen = state_digest.observed(model)
+        state_digest.observe(int(step) + 1)  # no protocol() call: hooked from the next step
     rank = _rank()
     path = metrics_path(rank)
     if rank != 0 and path is None:
@@ -255,9 +203,12 @@ def log(step: int, *, model=None, **metrics) -> None:
     record = {"step": int(step), **{k: _plain(v) for k, v in metrics.items()}}
     own = {"time"} - set(metrics)  # fields lockstep added: kept out of wandb
     record.setdefault("time", _time.time())
-    if model is not None and path is not None:
-        # every rank digests when every rank writes: sharded parameters are gathered
-        record.update(digests(model, gather=RANK_PLACEHOLDER in os.environ["LOCKSTEP_METRICS"]))
+    if path is not None:
+        each = RANK_PLACEHOLDER in os.environ["LOCKSTEP_METRICS"]
+        if model is not None:
+            # every rank digests when every rank writes: sharded parameters are gathered
+            record["param_digest"] = state_digest.param_digest(model, gather=each)
+        record.update({k: v for k, v in seen.items() if k != "buffers" or each})
     if path:
         with open(path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record, sort_keys=True) + "\n")

@@ -1,9 +1,11 @@
-"""The replicas check: data-parallel replicas agree after every step. Compared exactly, in
-the order a step computes them: loss, gradient norm, parameter digest, buffer digest
-(`REPLICA_QUANTITIES`; digests by `lockstep.track.digests`). On lockstep's
-reference job (`check_replicas`, the ranks gather theirs) and on a user's script
-(`check_script`: one run in which every rank logs its own line, `{rank}` in
-LOCKSTEP_METRICS)."""
+"""The replicas check: data-parallel replicas agree at every step. Compared exactly, in the
+order a step computes them: loss, gradient norm, parameter digest, buffer digest
+(`REPLICA_QUANTITIES`; digests by `lockstep.track`). Parameters are compared after the step;
+buffers as the step's forward entered the model, where DDP promises them equal (its
+`broadcast_buffers` re-syncs them there: after the step, BatchNorm's running statistics differ
+per rank by design). On lockstep's reference job (`check_replicas`, the ranks gather theirs)
+and on a user's script (`check_script`: one run in which every rank logs its own line,
+`{rank}` in LOCKSTEP_METRICS)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from lockstep.checks.result import CheckResult, skipped_notes, unsound
 from lockstep.checks.script_runs import Runs, ScriptRunner, require_steps
 from lockstep.checks.trajectory import Divergence, agrees, by_step
 from lockstep.errors import UsageError
-from lockstep.track import EMPTY_DIGEST, digests
+from lockstep.state_digest import EMPTY_DIGEST, EnteringBuffers, digests
 from lockstep.train.config import RunConfig
 from lockstep.train.trainer import Trainer
 
@@ -25,13 +27,19 @@ from lockstep.train.trainer import Trainer
 REPLICA_QUANTITIES = ("loss", "grad_norm", "param_digest", "buffer_digest")
 
 
-def replica_departed(quantity: str, step: int, rank: int) -> str:
-    """Why `rank`'s `quantity` differs from rank 0's after `step` (replicas check)."""
+def replica_departed(quantity: str, step: int, rank: int, buffer: str | None = None) -> str:
+    """Why `rank`'s `quantity` differs from rank 0's at `step` (replicas check); `buffer`: the
+    first buffer that differs, when the ranks logged each buffer's digest."""
     if quantity == "buffer_digest":
+        where = ""
+        if buffer:
+            module = buffer.rpartition(".")[0] or "(model)"
+            where = f" (first {buffer}, of module {module})"
         return (
-            f"rank {rank}'s buffers differ from rank 0's while its parameters agree: a buffer "
-            "updated from the local batch and never broadcast or averaged (BatchNorm running "
-            "statistics: use SyncBatchNorm, or DDP's broadcast_buffers)"
+            f"rank {rank} entered step {step}'s forward with other buffers than rank 0{where}: "
+            "buffers updated from the local batch and never re-synced across ranks (DDP with "
+            "broadcast_buffers=False, a buffer outside the DDP-wrapped module, or no DDP): "
+            "keep DDP's default broadcast_buffers=True, or use SyncBatchNorm"
         )
     if quantity == "grad_norm":
         return (
@@ -58,12 +66,22 @@ def replica_departed(quantity: str, step: int, rank: int) -> str:
 
 
 def _first_departure(trainer: Trainer, steps: int, ranks: int, logged: list[dict]):
-    """(step, quantity, rank, rank 0's value, its value) of the first replica to depart from
-    rank 0's over `steps` steps, or None; rank 0's records are appended to `logged`."""
+    """(step, quantity, rank, rank 0's value, its value, first differing buffer) of the first
+    replica to depart from rank 0's over `steps` steps, or None; rank 0's records are
+    appended to `logged`."""
+    entering = EnteringBuffers(trainer.engine.module)
+    try:
+        return _departure(trainer, steps, ranks, logged, entering)
+    finally:
+        entering.close()
+
+
+def _departure(trainer, steps, ranks, logged, entering):
     for _ in range(steps):
         m = trainer.train_step()
         mine = {"loss": m.loss, "grad_norm": m.grad_norm,
-                **digests(trainer.engine.module, gather=True)}  # fmt: skip
+                "param_digest": digests(trainer.engine.module, gather=True)["param_digest"],
+                **entering.take()}  # fmt: skip
         every: list = [None] * ranks
         if dist.is_initialized():
             dist.all_gather_object(every, mine)
@@ -73,10 +91,18 @@ def _first_departure(trainer: Trainer, steps: int, ranks: int, logged: list[dict
         for quantity in REPLICA_QUANTITIES:
             skip = m.skipped and quantity == "grad_norm"
             bad = [r for r in range(1, ranks)
-                   if not agrees(every[r][quantity], every[0][quantity], skipped=skip)]  # fmt: skip
+                   if not agrees(every[r].get(quantity), every[0].get(quantity), skipped=skip)]  # fmt: skip
             if bad:
-                return m.step, quantity, bad[0], every[0][quantity], every[bad[0]][quantity]
+                first, zero = every[bad[0]], every[0]
+                return (m.step, quantity, bad[0], zero.get(quantity), first.get(quantity),
+                        first_buffer(zero, first))  # fmt: skip
     return None
+
+
+def first_buffer(want: dict, got: dict) -> str | None:
+    """The first buffer whose digest differs between two ranks' lines (`buffers`)."""
+    a, b = want.get("buffers") or {}, got.get("buffers") or {}
+    return next((name for name in a if a[name] != b.get(name)), None)
 
 
 def check_replicas(cfg: RunConfig, workdir: Path) -> CheckResult:
@@ -104,14 +130,14 @@ def check_replicas(cfg: RunConfig, workdir: Path) -> CheckResult:
             f"{_digested(logged)} after each of {cfg.steps} steps",
             notes=skipped_notes({"rank 0": logged}),
         )
-    step, quantity, rank, want, got = found
+    step, quantity, rank, want, got, buffer = found
     return CheckResult(
         "replicas",
         False,
         f"{cfg.engine.name}: rank {rank} departed from rank 0 at step {step}: {quantity} "
         f"rank0={want!r} rank{rank}={got!r}",
         divergence=Divergence(step, quantity, want, got),
-        diagnosis=replica_departed(quantity, step, rank),
+        diagnosis=replica_departed(quantity, step, rank, buffer),
         rank=rank,
     )
 
@@ -133,7 +159,7 @@ def check_script(runner: ScriptRunner, asked: Runs) -> CheckResult:
     bad = runner.unsound("replicas", logged)
     if bad is not None:
         return bad
-    present = [q for q in REPLICA_QUANTITIES if q in runs[0][1]]
+    present = [q for q in REPLICA_QUANTITIES if any(q in r for r in runs[0].values())]
     if not {"param_digest", "buffer_digest"} & set(present):
         runner.note("no parameter digest logged: pass model=model to lockstep.track.log")
     if "buffer_digest" in present and _digested(per_rank[0]) != "parameters and buffers":
@@ -156,7 +182,12 @@ def check_script(runner: ScriptRunner, asked: Runs) -> CheckResult:
                         f"rank {rank} departed from rank 0 at step {step}: {quantity} "
                         f"rank0={want!r} rank{rank}={got!r}",
                         divergence=Divergence(step, quantity, want, got),
-                        diagnosis=replica_departed(quantity, step, rank),
+                        diagnosis=replica_departed(
+                            quantity,
+                            step,
+                            rank,
+                            first_buffer(runs[0][step], runs[rank].get(step, {})),
+                        ),
                         logs=runner.logs,
                         notes=runner.take_notes(),
                         rank=rank,
