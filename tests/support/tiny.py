@@ -33,3 +33,22 @@ def tiny_model(cfg):
 
 def tiny_data(seq_len, vocab_size):
     return [torch.arange(seq_len) % vocab_size, (torch.arange(seq_len) * 3) % vocab_size]
+
+
+class NormedLM(TinyLM):
+    """TinyLM with BatchNorm over the local batch and dropout: the model families whose
+    result depends on the world size by design (`lockstep.local_batch`)."""
+
+    def __init__(self, vocab: int = 16):
+        super().__init__(vocab)
+        self.norm = nn.BatchNorm1d(8)
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, input_ids, labels):
+        hidden = self.drop(self.norm(self.embed(input_ids[:, :-1]).transpose(1, 2)))
+        logits = self.head(hidden.transpose(1, 2))
+        return nn.functional.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten())
+
+
+def normed_model(cfg):
+    return NormedLM()

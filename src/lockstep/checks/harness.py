@@ -95,6 +95,12 @@ def trained(cfg: RunConfig, out: Path) -> TrainResult:
     return result
 
 
+def fresh_trajectory(cfg: RunConfig, out: Path) -> tuple[list[dict], dict[str, torch.Tensor]]:
+    """`trajectory`, trained here even where this launch already made the same run."""
+    result = run_training(without_checkpoints(cfg), out, capture_state=True)
+    return rows(result.steps), result.params
+
+
 def trajectory(cfg: RunConfig, out: Path) -> tuple[list[dict], dict[str, torch.Tensor]]:
     """One run of `cfg` without checkpoints (`trained`): its per-step rows and final
     parameters."""

@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from lockstep import local_batch
 from lockstep.checks import divergence as dv
 from lockstep.checks import noise_floor as nf
 from lockstep.checks import registry
 from lockstep.checks.agreement import agree, combine
 from lockstep.checks.divergence_replay import reference_side, trainer_side
-from lockstep.checks.harness import trajectory, without_checkpoints, world_size
+from lockstep.checks.harness import fresh_trajectory, trajectory, without_checkpoints, world_size
 from lockstep.checks.reference import run_reference
 from lockstep.checks.result import CheckResult, skipped_notes, tolerance
 from lockstep.checks.script_runs import Runs, ScriptRunner, require_steps
@@ -31,26 +32,39 @@ RANK_LOCAL = (
 
 def check_world_size(cfg: RunConfig, workdir: Path) -> CheckResult:
     """This world size against the unsharded single-process reference on the same global
-    batch; `lockstep check world-size` also compares launches of different sizes."""
+    batch; `lockstep check world-size` also compares launches of different sizes. Dropout
+    and local-batch BatchNorm are switched off in both (`local_batch`); what cannot be
+    leaves a difference NOT JUDGED."""
     n = world_size()
-    ref = run_reference(cfg, n)
-    runs = {
-        "1 process (unsharded)": (ref.steps, ref.params),
-        f"{n} ranks": trajectory(cfg, workdir / f"world-size-{n}"),
-    }
-    return agree(
-        "world-size",
-        runs,
-        cfg,
-        "a rank-local computation: a norm or loss on a local shard, a batch that depends on "
-        "the world size, or per-rank randomness",
-        sides={
-            "1 process (unsharded)": reference_side(cfg, n),
-            f"{n} ranks": trainer_side(without_checkpoints(cfg)),
-        },
-        workdir=workdir,
-        passes=("backward", "update"),  # the ranks' forward sees part of the batch
-    )
+    with local_batch.watching(neutralise=True) as watch:
+        ref = run_reference(cfg, n)
+        out = workdir / f"world-size-{n}"
+        # a run this launch shared from another check ran without the watch
+        ranks = trajectory(cfg, out) if not watch.found else fresh_trajectory(cfg, out)
+        result = agree(
+            "world-size",
+            {"1 process (unsharded)": (ref.steps, ref.params), f"{n} ranks": ranks},
+            cfg,
+            "a rank-local computation: a norm or loss on a local shard, a batch that depends "
+            "on the world size, or per-rank randomness",
+            sides={
+                "1 process (unsharded)": reference_side(cfg, n),
+                f"{n} ranks": trainer_side(without_checkpoints(cfg)),
+            },
+            workdir=workdir,
+            passes=("backward", "update"),  # the ranks' forward sees part of the batch
+        )
+    left = [key for key, done in watch.found.items() if not done]
+    if left and result.verdict == "fail":
+        result.judged = False
+        result.summary = (
+            f"not judged: {result.summary}; {local_batch.describe(left)} normalises over the "
+            "local batch with no running statistics to use instead: SyncBatchNorm on GPUs, or "
+            "a per-sample norm, would make it judgeable"
+        )
+    elif watch.found:
+        result.notes.append(f"judged with {local_batch.describe(watch.found)} switched off")
+    return result
 
 
 def plan(launches, check: registry.Check) -> list[CheckResult]:
@@ -70,15 +84,109 @@ def plan(launches, check: registry.Check) -> list[CheckResult]:
 def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float) -> CheckResult:
     """The same global batch on each world size; the script must keep it constant. A
     difference beyond rtol/atol is judged by a float64 replay where the script follows it,
-    else against the noise floor (`judge_difference`)."""
+    else against the noise floor (`judge_difference`).
+
+    A model whose forwards call dropout or local-batch BatchNorm (`lockstep.local_batch`, the
+    runs' metrics lines say) depends on the world size by design: where the plain runs differ,
+    every run is made again with those switched off (LOCKSTEP_LOCAL_BATCH) and the rest is
+    judged as above; what cannot be switched off leaves the check NOT JUDGED."""
+    runs = _runs(runner, asked)
+    if isinstance(runs, CheckResult):
+        return runs
+    found = _found(runs)
+    if not found or _agree(runs, asked, rtol, atol):
+        return _compare(runner, runs, asked, rtol, atol, found)
+    neutral = _Neutralised(runner)
+    runs = _runs(neutral, asked)
+    if isinstance(runs, CheckResult):
+        return runs
+    left = _not_neutralised(runs)
+    if left and not _agree(runs, asked, rtol, atol):
+        return CheckResult(
+            "world-size",
+            False,
+            f"not judged: the runs on {', '.join(map(str, asked.sizes))} ranks differ, and the "
+            f"model's result depends on the world size by design ({left})",
+            logs=runner.logs,
+            notes=runner.take_notes(),
+            judged=False,
+        )
+    result = _compare(neutral, runs, asked, rtol, atol, _found(runs))
+    runner.note(f"judged with {local_batch.describe(_found(runs))} switched off for the "
+                "check's runs (they make the result depend on the world size by design)")  # fmt: skip
+    result.notes = runner.take_notes() + result.notes
+    return result
+
+
+class _Neutralised:
+    """The runner, each run made with dropout and local-batch BatchNorm switched off."""
+
+    def __init__(self, runner: ScriptRunner):
+        self.runner = runner
+
+    def run(self, name: str, **kwargs):
+        variables = {local_batch.MODE: "neutralise"}
+        return self.runner.run(f"{name}-neutralised", variables=variables, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.runner, name)
+
+
+def _runs(runner, asked: Runs) -> dict[int, list[dict]] | CheckResult:
+    """One run per world size, each logging every step, each sound (else the failure)."""
     sizes, steps = asked.sizes, asked.steps
     runs = {n: runner.run(f"world-size-{n}", nproc=n, max_steps=steps) for n in sizes}
+    require_steps(runs[sizes[0]], steps, f"world-size-{sizes[0]}")
+    bad = runner.unsound("world-size", {f"world-size-{n}": runs[n] for n in sizes})
+    return bad if bad is not None else runs
+
+
+def _found(runs: dict[int, list[dict]]) -> dict[tuple[str, str], bool]:
+    found: dict[tuple[str, str], bool] = {}
+    for records in runs.values():
+        for key, done in local_batch.findings(records)[0].items():
+            found[key] = found.get(key, True) and done
+    return found
+
+
+def _not_neutralised(runs: dict[int, list[dict]]) -> str:
+    """What the neutralised runs could not switch off, and what would make it judgeable."""
+    found = _found(runs)
+    left = [key for key, done in found.items() if not done]
+    late = any(local_batch.findings(records)[1] != 1 for records in runs.values())
+    why = []
+    if any(kind == local_batch.BATCHNORM for kind, _ in left):
+        why.append(
+            f"{local_batch.describe(left)} normalises over the local batch with no running "
+            "statistics to use instead (track_running_stats=False): SyncBatchNorm on GPUs, or a "
+            "per-sample norm (GroupNorm, LayerNorm), would make it judgeable"
+        )
+    elif left:
+        why.append(f"{local_batch.describe(left)} could not be switched off")
+    if late:
+        why.append(
+            f"{local_batch.describe(found)} ran before lockstep could switch it off: call "
+            "lockstep.track.protocol() before the model's first forward"
+        )
+    return "; ".join(why)
+
+
+def _agree(runs: dict[int, list[dict]], asked: Runs, rtol: float, atol: float) -> bool:
+    base = asked.sizes[0]
+    return all(
+        first_divergence(runs[base], runs[n], metrics=("loss", "grad_norm"), rtol=rtol,
+                         atol=atol) is None
+        for n in asked.sizes[1:]
+    )  # fmt: skip
+
+
+def _compare(runner, runs: dict[int, list[dict]], asked: Runs, rtol: float, atol: float,
+             found: dict[tuple[str, str], bool]) -> CheckResult:  # fmt: skip
+    """The world sizes' runs compared with the first, a difference judged by
+    `judge_difference`."""
+    sizes, steps = asked.sizes, asked.steps
     base = sizes[0]
-    require_steps(runs[base], steps, f"world-size-{base}")
     logged = {f"world-size-{n}": runs[n] for n in sizes}
-    bad = runner.unsound("world-size", logged)
-    if bad is not None:
-        return bad
     noise: list[dict] = []  # differences shown to be rounding
     said = ""
     for n in sizes[1:]:
@@ -110,12 +218,13 @@ def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float)
             else f"{base} and {n} ranks differ at {where}, and neither a float64 replay nor the "
             f"noise floor can tell rounding from a real dependence: {why}"
         )
+        cause = world_size_cause(div, _evidence(runs[base], runs[n], div, found))
         return CheckResult(
             "world-size",
             False,
             summary,
             divergence=div,
-            diagnosis=f"{why}; {world_size_cause(div)}" if why else world_size_cause(div),
+            diagnosis=f"{why}; {cause}" if why else cause,
             logs=runner.logs,
             notes=runner.take_notes(),
             forensics=forensics,
@@ -134,18 +243,38 @@ def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float)
     )
 
 
-def world_size_cause(div: Divergence) -> str:
-    """The likely cause from what differs first: at step 1 no update has run yet."""
+def _evidence(a: list[dict], b: list[dict], div: Divergence, found) -> dict:
+    """What the two runs' lines allow the cause to name: equal parameters after the first
+    differing step (then not the initial weights, nor the gradients), and whether a watch saw
+    every forward (then dropout is not the randomness: found and switched off, or absent)."""
+    x, y = by_step(a).get(div.step, {}), by_step(b).get(div.step, {})
+    equal = x.get("param_digest") is not None and x.get("param_digest") == y.get("param_digest")
+    watched = all(local_batch.findings(r)[1] == 1 for r in (a, b))
+    dropout = any(kind == local_batch.DROPOUT and not done for (kind, _), done in found.items())
+    return {"params_equal": equal, "no_dropout": watched and not dropout}
+
+
+def world_size_cause(div: Divergence, evidence: dict | None = None) -> str:
+    """The likely cause from what differs first (at step 1 no update has run yet), naming
+    only what `evidence` (`_evidence`) leaves possible."""
+    evidence = evidence or {}
     if div.step == 1 and div.metric == "loss":
+        weights = "" if evidence.get("params_equal") else "the initial weights (a per-rank " \
+            "seed or init) or "  # fmt: skip
         return (
-            "at step 1, before any update, so the runs start apart: the initial weights (a "
-            "per-rank seed or init) or the data (a batch or split that depends on the world "
-            "size), or a loss normalised per rank"
+            f"at step 1, before any update, so the runs start apart: {weights}the data (a batch "
+            "or split that depends on the world size), or a loss normalised per rank"
         )
     if div.step == 1:
         return (
             "at step 1, before any update, the loss agreeing: clipping or a norm on a local "
             "shard, or gradients not averaged over the ranks"
+        )
+    if evidence.get("no_dropout"):
+        return (
+            "a rank-local computation: clipping or a norm on a local shard, a loss or batch "
+            "that depends on the world size, or per-rank randomness other than dropout (none "
+            "ran, or it was switched off)"
         )
     return RANK_LOCAL
 
