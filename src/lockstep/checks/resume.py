@@ -9,6 +9,7 @@ launches: straight, a first half that checkpoints, a second half that resumes.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from lockstep.checks.state import differences, rows, snapshot
 from lockstep.checks.trajectory import Divergence, by_step, first_divergence
 from lockstep.errors import UsageError
 from lockstep.module_digest import PASSES
+from lockstep.redact import scrub_text
 from lockstep.train import checkpoint
 from lockstep.train.config import RunConfig
 from lockstep.train.trainer import Trainer
@@ -184,18 +186,15 @@ def plan(launches, check: registry.Check) -> list[CheckResult]:
 
 def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float) -> CheckResult:
     """2N straight steps against N steps, a checkpoint, new processes and a resume to 2N.
-
-    The script may checkpoint at any step k <= N (every few steps, before or after the step
-    of that iteration); the resumed run's first logged step k+1 says where it resumed, and
-    steps k+1..2N are compared. A resume that starts at step 1 (nothing loaded), past N+1, or
-    that leaves out a step fails.
-    """
+    The script may checkpoint at any step k <= N; the resumed run's first logged step k+1
+    says where it resumed, and steps k+1..2N are compared. A resume that starts at step 1
+    (nothing loaded), past N+1, or that leaves out a step fails."""
     nproc, steps = asked.nproc, asked.steps
     half = max(1, steps // 2)
     total = 2 * half
     straight = runner.run("resume-straight", nproc=nproc, max_steps=total)
     ckpt = runner.workdir / "resume-checkpoints"
-    runner.run("resume-first-half", nproc=nproc, max_steps=half, checkpoint_dir=ckpt)
+    first_half = runner.run("resume-first-half", nproc=nproc, max_steps=half, checkpoint_dir=ckpt)
     if not ckpt.is_dir() or not any(ckpt.iterdir()):
         raise UsageError(
             f"the script left no checkpoint in LOCKSTEP_CHECKPOINT_DIR ({ckpt}) within "
@@ -204,6 +203,9 @@ def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float)
     resumed = runner.run(
         "resume-second-half", nproc=nproc, max_steps=total, checkpoint_dir=ckpt, resume=True
     )
+    halves = ("resume-first-half", "resume-second-half")
+    for line in resume_warnings({name: Path(runner.logs[name]) for name in halves}):
+        runner.note(line)
     require_steps(straight, total, "resume-straight")
     bad = runner.unsound("resume", {"straight": straight, "resumed": resumed})
     if bad is not None:
@@ -236,7 +238,8 @@ def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float)
     return _script_failed(
         runner,
         f"the resumed run diverges at {div.describe('straight', 'resumed')}",
-        _shift_cause(straight, resumed, rtol, atol) or diagnose_resume(div, straight, resumed),
+        _shift_cause(straight, resumed, rtol, atol)
+        or diagnose_resume(div, straight, first_half, resumed, rtol, atol),
         div,
     )
 
@@ -245,6 +248,31 @@ def _script_failed(runner: ScriptRunner, summary: str, diagnosis: str,
                    div: Divergence | None = None) -> CheckResult:  # fmt: skip
     return CheckResult("resume", False, summary, divergence=div, diagnosis=diagnosis,
                        logs=runner.logs, notes=runner.take_notes())  # fmt: skip
+
+
+# What a script or its library prints when a resume will not be exact: Lightning's mid-epoch
+# checkpoint of a loader with no state, HF Trainer's or accelerate's RNG states not set back,
+# model keys the checkpoint did not fill; and any warning of the script's own about resuming.
+RESUME_WARNING = re.compile(
+    r"resuming from a checkpoint that ended|not resumable|reproducibility is not guaranteed|"
+    r"set back the RNG states|could not load random states|(missing|unexpected) keys in the "
+    r"checkpoint|resuming training from a checkpoint trained with|warn\w*:.*resum",
+    re.IGNORECASE,
+)
+
+
+def resume_warnings(logs: dict[str, Path], most: int = 3) -> list[str]:
+    """The resumability warnings in the runs' `logs` ({run: run.log}), one line each, scrubbed:
+    once however many ranks printed them (torchrun's `[rank0]:` and a warning's folders left
+    out), at most `most`."""
+    found: dict[str, str] = {}
+    for name, log in logs.items():
+        for line in (log.read_text(errors="replace") if log.is_file() else "").splitlines():
+            if RESUME_WARNING.search(line):
+                line = re.sub(r"^\[\w+\]:\s*", "", line.strip())
+                line = scrub_text(re.sub(r"^\S*/(?=[^/\s]+\.py:\d+:)", "", line))
+                found.setdefault(line if len(line) <= 400 else line[:399] + "…", name)
+    return [f"run '{name}' warned: {line}" for line, name in list(found.items())[:most]]
 
 
 def _wrong_start(
@@ -287,28 +315,79 @@ def _wrong_start(
     return None
 
 
-def diagnose_resume(div: Divergence, straight: list[dict], resumed: list[dict]) -> str:
-    """Name the state that a resume most likely lost, from what the metrics show: the LR
-    only where the script logs one."""
-    compared = range(div.step, max(by_step(straight)) + 1)
-    logs_lr = any("lr" in record for record in straight)
-    if logs_lr and first_divergence(straight, resumed, metrics=("lr",), steps=compared):
-        return "the LR schedule was not restored"
-    if div.step == min(by_step(resumed)):
-        if not logs_lr:
-            return (
-                "the first step after the resume already differs (the script logs no LR to "
-                "tell the schedule apart): parameters, optimizer state, LR schedule, RNG "
-                "state or data position were not restored"
-            )
+DIGESTS = ("param_digest", "buffer_digest")  # with model= in track.log (`track.digests`)
+LATER = "the data order or RNG of a later step (a new epoch's shuffle) was not restored"
+
+
+def diagnose_resume(div: Divergence, straight: list[dict], first_half: list[dict],
+                    resumed: list[dict], rtol: float, atol: float) -> str:  # fmt: skip
+    """The causes the logged metrics show for a resumed run that parts from the straight run
+    at `div` (alternatives within one most likely first), then the evidence that decided.
+    The resumed run's first step r reads the loaded weights (`param_digest_in`), its batch
+    and the RNG: its loss and grad norm show them, before any update. The update adds the LR
+    and the optimizer state; the `param_digest` logged after it shows the weights they made."""
+    first, last = min(by_step(resumed)), max(by_step(straight))
+    digests = DIGESTS if rtol == atol == 0 else ()  # exact: judged only where the metrics are
+    saved = range(1, min(first - 1, max(by_step(first_half), default=0)) + 1)
+    metrics = ("loss", "grad_norm", "lr", *digests)
+    before = first_divergence(straight, first_half, metrics, saved, rtol, atol)
+    if before is not None:
         return (
-            "the first step after the resume already differs while the LR matches: "
-            "parameters, optimizer state, RNG state or data position were not restored"
+            "the state saved is not the straight run's: the first run parts from it before its "
+            f"checkpoint, at {before.describe('straight', 'first run')}; the training depends "
+            "on LOCKSTEP_MAX_STEPS (a schedule or data sized by it) or is not deterministic"
         )
-    return (
-        f"the runs agree after the resume and drift from step {div.step}: optimizer or "
-        "RNG state was not fully restored"
-    )
+    want = by_step(straight)[first]
+    weighed = "param_digest" in digests and "param_digest" in want  # step r's update is seen
+    causes, evidence = [], []
+    if saved and weighed:
+        evidence.append(f"the first run's weights up to step {saved[-1]} are the straight run's "
+                        "(param_digest)")  # fmt: skip
+    lr = first_divergence(straight, resumed, ("lr",), range(first, last + 1), rtol, atol)
+    if "lr" not in want:
+        evidence.append("the script logs no LR: the LR schedule is not judged")
+    elif lr is not None:
+        causes.append("the LR schedule was not restored")
+        evidence.append(f"lr differs at step {lr.step}")
+    else:
+        evidence.append(f"lr agrees at steps {first}..{last}: not the LR schedule")
+    at_first = range(first, first + 1)
+    read = first_divergence(straight, resumed, ("loss", "grad_norm"), at_first, rtol, atol)
+    loaded = (by_step(resumed)[first].get("param_digest_in"),
+              by_step(straight).get(first - 1, {}).get("param_digest"))  # fmt: skip
+    if read and None not in loaded and loaded[0] != loaded[1]:
+        causes.append("the model weights were not restored")
+        evidence.append(f"step {first} entered its forward with other weights than the straight "
+                        f"run's after step {first - 1} (param_digest_in)")  # fmt: skip
+    elif read:
+        known = None not in loaded  # the weights it entered with are the straight run's
+        causes.append("the RNG state or data position was not restored (the metrics cannot "
+                      "tell them apart)" + ("" if known else ", else the model weights were "
+                      "not loaded"))  # fmt: skip
+        evidence.append(f"step {first}, the first after the resume, differs in {read.metric} "
+                        "before its update: " + ("its weights are the straight run's "
+                        "(param_digest_in), so its batch or RNG" if known else
+                        "its weights, batch or RNG"))  # fmt: skip
+    else:
+        evidence.append(f"step {first}, the first after the resume, agrees in loss and "
+                        "grad_norm: its weights, batch and RNG were restored")  # fmt: skip
+    if read or (lr is not None and lr.step == first):
+        evidence.append(f"the optimizer state is not judged: step {first}'s update differs anyway")
+    elif weighed and first_divergence(straight, resumed, ("param_digest",), at_first):
+        causes.append("the optimizer state was not restored" + ("" if "lr" in want else
+                      ", or the LR schedule"))  # fmt: skip
+        evidence.append(f"the weights after step {first}'s update differ (param_digest)")
+    elif weighed and not causes:
+        causes.append(LATER)
+        evidence.append(f"the weights after step {first}'s update agree (param_digest): the "
+                        f"optimizer state was restored; the runs part at step {div.step}")  # fmt: skip
+    elif not causes:  # the optimizer shows at step r+1 first, without a digest
+        optimizer = "the optimizer state was not restored"
+        causes.append(f"{optimizer}, else {LATER}" if div.step == first + 1 else
+                      f"{LATER}, else {optimizer}")  # fmt: skip
+        evidence.append(f"no param_digest shows step {first}'s update (pass model= to "
+                        f"track.log); the runs part at step {div.step}")  # fmt: skip
+    return "; and ".join(causes) + " [evidence: " + "; ".join(evidence) + "]"
 
 
 def restart_cause(
