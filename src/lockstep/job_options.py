@@ -6,18 +6,26 @@ is what the code below the CLI gets.
 
 The defaults: 2 ranks (a bug that needs more than one rank, the usual kind in distributed
 training, does not show on one) and 1800 s per run (a hung collective ends the command, with
-the flight recorders' report, instead of waiting forever).
+the flight recorders' report, instead of waiting forever). A script's run that logs no step
+within 600 s is ended sooner (`first_step_timeout`): the examples' first step came 0.1-6 s
+into the launch on 2 CPU cores (torchrun, --run-path, the deepspeed CLI, the HF Trainer), a
+cold DeepSpeed op build takes about 2 minutes (docs/benchmarks.md: 118 s), and 600 s also
+leaves room for a large model's load and NCCL's start, at a third of the run's 1800 s.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 
+from lockstep.errors import UsageError
 from lockstep.inputs import positive_int, seconds
 
 NPROC = 2  # ranks per run
 TIMEOUT_S = 1800.0  # seconds per run
+FIRST_STEP_TIMEOUT_S = 600.0  # seconds a script's run may take to log its first step
+FIRST_STEP_ENV = "LOCKSTEP_FIRST_STEP_TIMEOUT"  # sets it where no --first-step-timeout does
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,29 @@ def timeout(parser: argparse.ArgumentParser, note: str = "") -> None:
         help=f"seconds per run{note} (default {TIMEOUT_S:.0f}); a run past it is killed and its "
         "ranks' flight recorders name the collective each is in",
     )  # fmt: skip
+
+
+def first_step_timeout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--first-step-timeout", type=seconds, default=None, metavar="S",
+        help=f"with --script: seconds a run may take to log its first step (default "
+        f"${FIRST_STEP_ENV}, else {FIRST_STEP_TIMEOUT_S:.0f}); a run that logs none by then is "
+        "killed (exit 3) and the last lines of its log are quoted",
+    )  # fmt: skip
+
+
+def first_step_default() -> float:
+    """The first-step deadline where no --first-step-timeout gives one: FIRST_STEP_ENV when
+    set (a bad value is a one-line error), else FIRST_STEP_TIMEOUT_S."""
+    text = os.environ.get(FIRST_STEP_ENV, "").strip()
+    if not text:
+        return FIRST_STEP_TIMEOUT_S
+    try:
+        return seconds(text)
+    except argparse.ArgumentTypeError as err:
+        raise UsageError(f"{FIRST_STEP_ENV}={text!r}: {err}") from None
+    except ValueError:
+        raise UsageError(f"{FIRST_STEP_ENV}={text!r}: not a number of seconds") from None
 
 
 def run_path(parser: argparse.ArgumentParser) -> None:

@@ -67,9 +67,12 @@ def test_example_passes_every_check(tmp_path):
 @pytest.mark.parametrize(
     ("bug", "name", "cause"),
     [
-        ("lr-schedule", "resume", "LR schedule was not restored"),
-        ("rng", "resume", "RNG state or data position"),
-        ("data-position", "resume", "RNG state or data position"),
+        # lr differs at the first resumed step; its loss agrees: weights, batch and RNG loaded
+        ("lr-schedule", "resume", "the LR schedule was not restored [evidence: "),
+        # the first resumed step's loss differs with the LR agreeing; the metrics cannot tell
+        # the RNG from the data position (test_resume_evidence.py: the evidence named)
+        ("rng", "resume", "the RNG state or data position was not restored (the metrics cannot"),
+        ("data-position", "resume", "the RNG state or data position was not restored (the"),
         ("local-clip", "world-size", "clipping or a norm on a local shard"),
         ("unseeded-order", "determinism", "unseeded"),
         # at step 1, before any update: the initial weights first, not clipping

@@ -49,16 +49,46 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="with CONFIG: resume on this many ranks instead of --nproc (ddp/fsdp reshard)",
     )
+    job_options.first_step_timeout(p)
     p.add_argument(
         "--rtol",
         type=float,
         default=None,
-        help="relative tolerance (default 0 for determinism/resume, 1e-4 world-size)",
+        help=f"with --script: relative tolerance (default {default_tolerances(0)}); world-size "
+        "judges a difference beyond it by a float64 replay and the noise floor",
     )
-    p.add_argument("--atol", type=float, default=None, help="absolute tolerance")
-    p.add_argument("--out", type=Path, default=None, help="folder for runs and logs")
+    p.add_argument(
+        "--atol",
+        type=float,
+        default=None,
+        help=f"with --script: absolute tolerance (default {default_tolerances(1)})",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for runs and logs (default: a temporary one, removed when all pass); with "
+        "--script, the runs an earlier check left there are removed first",
+    )
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write results here")
     p.set_defaults(func=run_checks)
+
+
+def default_tolerances(index: int) -> str:
+    """What --rtol (`index` 0) or --atol (1) defaults to for each check on a script, read from
+    the registry (`OnScript.tolerance`), so the help cannot drift from what runs: '0 for
+    determinism, resume, world-size; replicas always compares exactly'."""
+    by_value: dict[str, list[str]] = {}
+    exact = []
+    for name in registry.names(script=True):
+        tolerance = registry.CHECKS[name].script.tolerance
+        if tolerance is None:
+            exact.append(name)
+        else:
+            by_value.setdefault(f"{tolerance[index]:g}", []).append(name)
+    parts = [f"{value} for {', '.join(names)}" for value, names in by_value.items()]
+    parts += [f"{name} always compares exactly" for name in exact]
+    return "; ".join(parts)
 
 
 def run_checks(args: argparse.Namespace) -> int:
@@ -75,5 +105,6 @@ def run_checks(args: argparse.Namespace) -> int:
         rtol=args.rtol,
         atol=args.atol,
         out=args.out,
+        first_step_timeout=args.first_step_timeout,
     )
     return command.check(request, args.json)

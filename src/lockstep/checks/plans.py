@@ -15,7 +15,7 @@ from pathlib import Path
 from lockstep.checks import registry
 from lockstep.checks.result import CheckResult
 from lockstep.errors import UsageError
-from lockstep.job_options import NPROC, TIMEOUT_S
+from lockstep.job_options import NPROC, TIMEOUT_S, first_step_default
 
 Show = Callable[[CheckResult], None]
 SCRIPT_STEPS = 8  # a script's steps per run without --steps
@@ -39,6 +39,7 @@ class Request:
     atol: float | None = None
     timeout: float = TIMEOUT_S  # seconds per launch
     out: Path | None = None
+    first_step_timeout: float | None = None  # None: `job_options.first_step_default()`
 
 
 @dataclass(frozen=True)
@@ -130,9 +131,10 @@ def on_config(request: Request, sizes: list[int], workdir: Path, show: Show) -> 
     require_config(f"lockstep check {request.config}", cfg, wandb=False)  # no wandb
     if request.rtol is not None or request.atol is not None:
         raise UsageError("--rtol/--atol apply to --script; checks on a CONFIG use fixed tolerances")
-    if request.launcher is not None or request.run_path:
+    if request.launcher is not None or request.run_path or request.first_step_timeout:
         raise UsageError(
-            "--launcher and --run-path apply to --script; a CONFIG's ranks start in-process"
+            "--launcher, --run-path and --first-step-timeout apply to --script; a CONFIG's "
+            "ranks start in-process"
         )
     names = registry.names() if request.name == "all" else (request.name,)
     for name in names:
@@ -170,6 +172,7 @@ def on_script(request: Request, sizes: list[int], workdir: Path, show: Show) -> 
         timeout=request.timeout,
         launcher=request.launcher or "torchrun",
         run_path=request.run_path,
+        first_step_timeout=request.first_step_timeout or first_step_default(),
     )
     names = supported if request.name == "all" else (request.name,)
     if request.name == "all":  # e.g. replicas needs two ranks to compare

@@ -3,7 +3,10 @@
 A launch's ranks write their metrics as JSON lines, one per optimizer step; a thread reads the
 file as it grows (or, for a folder of several runs, the newest metrics file under it) and
 shows the last step logged: a progress bar on a terminal, else a plain line such as
-`lockstep: world-size-2: step 3/8` at most every THROTTLE_S seconds and at the end. Nothing
+`lockstep: world-size-2: step 3/8` at most every THROTTLE_S seconds and at the end. A run
+still without a step after WAIT_S, or half its first-step deadline when sooner, says so
+(`lockstep: world-size-2: waiting for the first step (30 s of 600 s)`), again every WAIT_S:
+a job's set-up may take minutes, and a run that starts in seconds shows no such line. Nothing
 goes to stdout, which carries the verdicts, nor into any report or run log: an in-process
 launch points this process's stderr at the run's log, so the lines go to a copy of the
 stderr the command started with.
@@ -23,8 +26,9 @@ from lockstep import terminal
 
 POLL_S = 0.2
 THROTTLE_S = 2.0
+WAIT_S = 30.0  # piped: how often a run that has logged no step yet says it is waiting
 # a plain progress line, as `_Lines` prints it (a caller that wants the other lines of stderr)
-LINE = re.compile(r"^lockstep: .+: step \d+(/\d+)?$")
+LINE = re.compile(r"^lockstep: .+: (step \d+(/\d+)?|waiting for the first step \(.*\))$")
 _STEP = re.compile(rb'"step":\s*(\d+)')
 # Folders a run writes that hold no metrics file and may hold thousands of files (a sharded or a
 # universal checkpoint, wandb's, flight recorder dumps): never walked, five times a second.
@@ -87,13 +91,26 @@ class StepReader:
         return name
 
 
-class _Lines:
-    """Piped: one plain line per new step, at most every THROTTLE_S seconds, and the last."""
+def _waiting(waited: float, deadline: float | None) -> str:
+    limit = f" of {deadline:g} s" if deadline else ""
+    return f"waiting for the first step ({waited:.0f} s{limit})"
 
-    def __init__(self, name: str, total: int | None, stream):
-        self.name, self.total, self.stream = name, total, stream
+
+class _Lines:
+    """Piped: one plain line per new step, at most every THROTTLE_S seconds, and the last;
+    before the first, a line after WAIT_S (or half the deadline) and every WAIT_S after."""
+
+    def __init__(self, name: str, total: int | None, stream, deadline: float | None = None):
+        self.name, self.total, self.stream, self.deadline = name, total, stream, deadline
         self.shown: tuple[str, int | None] | None = None
         self.when = 0.0
+        self.next_wait = min(WAIT_S, deadline / 2) if deadline else WAIT_S
+
+    def waiting(self, label: str, waited: float) -> None:
+        if waited < self.next_wait:
+            return
+        print(f"lockstep: {label}: {_waiting(waited, self.deadline)}", file=self.stream, flush=True)
+        self.next_wait = waited + WAIT_S
 
     def update(self, label: str, step: int | None, final: bool = False) -> None:
         if step is None or (label, step) == self.shown:
@@ -111,7 +128,7 @@ class _Lines:
 class _Bar:
     """On a terminal: a transient progress bar on stderr."""
 
-    def __init__(self, name: str, total: int | None, stream):
+    def __init__(self, name: str, total: int | None, stream, deadline: float | None = None):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         self.progress = Progress(
@@ -123,7 +140,11 @@ class _Bar:
             transient=True,
         )
         self.task = self.progress.add_task(name, total=total)
+        self.deadline = deadline
         self.progress.start()
+
+    def waiting(self, label: str, waited: float) -> None:
+        self.progress.update(self.task, description=f"{label}: {_waiting(waited, self.deadline)}")
 
     def update(self, label: str, step: int | None, final: bool = False) -> None:
         self.progress.update(self.task, description=label, completed=step or 0)
@@ -133,15 +154,19 @@ class _Bar:
 
 
 @contextmanager
-def watching(name: str, metrics: Path | None, total: int | None = None):
+def watching(
+    name: str, metrics: Path | None, total: int | None = None, deadline: float | None = None
+):
     """Show run `name`'s progress on stderr while the block runs: the steps logged to
-    `metrics` (a file, or a folder whose newest metrics file is the run going) of `total`;
+    `metrics` (a file, or a folder whose newest metrics file is the run going) of `total`, or
+    how long it has waited for the first (of `deadline` seconds, when the launch has one);
     nothing without a `metrics` path."""
     if metrics is None:
         yield
         return
     with _own_stderr() as stream:
-        shown = (_Bar if terminal.is_terminal(stream) else _Lines)(name, total, stream)
+        kind = _Bar if terminal.is_terminal(stream) else _Lines
+        shown = kind(name, total, stream, deadline)
         reader = StepReader(metrics.absolute(), time.time() - 0.05)  # a coarse file clock
         with _following(reader, shown, name):
             yield
@@ -163,12 +188,17 @@ def _own_stderr():
 
 @contextmanager
 def _following(reader: StepReader, shown, name: str):
-    stop = threading.Event()
+    stop, start = threading.Event(), time.monotonic()
 
     def follow() -> None:
+        stepped = False  # a later run of a folder starts at no step: not "waiting" again
         while not stop.wait(POLL_S):
             step = reader.read()
-            shown.update(reader.label(name), step)
+            stepped = stepped or step is not None
+            if stepped:
+                shown.update(reader.label(name), step)
+            else:
+                shown.waiting(reader.label(name), time.monotonic() - start)
 
     thread = threading.Thread(target=follow, name="lockstep-progress", daemon=True)
     thread.start()

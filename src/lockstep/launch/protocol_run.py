@@ -2,8 +2,9 @@
 the one way `lockstep check --script` (`checks/script_runs.py`, several runs a check) and
 `lockstep gate` (`gate/job.py`, one run a repeat) run a script once and read it back.
 
-`run_under_protocol` clears the folder's metrics, sets the protocol's variables (metrics,
-max steps, checkpoint folder, resume), launches once (`script.Script`: the launch's output in
+`run_under_protocol` clears the folder's metrics (and, unless the run resumes, its checkpoint
+folder), sets the protocol's variables (metrics, max steps, checkpoint folder, resume),
+launches once (`script.Script`: the launch's output in
 `FOLDER/run.log`) and returns a `ProtocolRun`: where each rank's metrics are, and the triage
 of a nonzero exit (`crash`: the tolerated gloo abort at exit, or the one-line cause). What a
 failure means (bad input for a check, a failed job for a gate) is the caller's to say.
@@ -11,11 +12,13 @@ failure means (bad input for a check, a failed job for a gate) is the caller's t
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from lockstep import track
+from lockstep.launch.progress import StepReader
 from lockstep.launch.script import Exit, Script
 
 METRICS = "metrics.jsonl"
@@ -45,8 +48,14 @@ class ProtocolRun:
 
     @property
     def timed_out(self) -> bool:
-        """Killed at the timeout (`Exit.hang_report` says where its ranks were)."""
+        """Killed at the timeout or at the first-step deadline (`Exit.first_step_missed`;
+        `Exit.hang_report` says where its ranks were)."""
         return self.exit.code is None
+
+    @property
+    def logged_no_step(self) -> bool:
+        """Rank 0's metrics file is missing or holds no whole line with a step."""
+        return StepReader(self.metrics_of(0), 0.0).read() is None
 
     @property
     def log(self) -> Path:
@@ -87,12 +96,16 @@ def run_under_protocol(
 ) -> ProtocolRun:
     """Launch `script` once on `nproc` ranks with its metrics, log and (by default)
     checkpoints in `folder`; `per_rank`: every rank writes its metrics. `env` (default: this
-    process's), `cwd` and `watch` (a process monitor): `Script.launch`'s."""
+    process's), `cwd` and `watch` (a process monitor): `Script.launch`'s. A run that does not
+    `resume` starts with `checkpoint_dir` removed: one an earlier run left there (a reused
+    folder) would be resumed by a script that resumes whenever it finds one."""
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("metrics*.jsonl"):
         old.unlink()
     metrics = folder / (METRICS_PER_RANK if per_rank else METRICS)
     checkpoint_dir = checkpoint_dir or folder / "checkpoints"
+    if not resume:
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
     protocol = track.Protocol(metrics, max_steps, checkpoint_dir, resume)
     done = script.launch(nproc, protocol, folder / LOG, env=env, cwd=cwd, watch=watch)
     return ProtocolRun(protocol, done)

@@ -5,22 +5,26 @@ gate its process monitor).
 
 - `Script`: the command, its placeholders (`{metrics}`, `{max_steps}`, `{checkpoint_dir}`,
   `{resume}`, the fields of `track.Protocol`) filled and the LOCKSTEP_* variables set;
-- `launch`: any command line on N local ranks through one of `LAUNCHERS`, timed;
+- `launch`: any command line on N local ranks through one of `LAUNCHERS`, timed, and ended
+  early when it logs no step within a first-step deadline (`first_step`);
 - `Exit`: what a launch left, and its triage after a nonzero exit: the known gloo abort at
   interpreter exit after a complete run is tolerated with a note (`tolerated`), any other
   crash has a one-line cause (`cause`): the script's last error line, or what lockstep knows
-  better (a `python` on PATH that is not lockstep's interpreter, a SIGABRT and when).
+  better (a `python` on PATH that is not lockstep's interpreter, a SIGABRT and when); a
+  launch killed before its first step, the last lines it wrote (`tail`).
 
 A new launcher is one function here and one row of `LAUNCHERS`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -28,7 +32,16 @@ from pathlib import Path
 
 from lockstep import track
 from lockstep.errors import UsageError
-from lockstep.launch.forensics import ABORT_SIGNATURE, aborted_at_exit, last_error_line
+from lockstep.launch.cleanup import killer
+from lockstep.launch.forensics import (
+    ABORT_SIGNATURE,
+    LAUNCHER_LINES,
+    SUMMARY,
+    aborted_at_exit,
+    last_error_line,
+)
+from lockstep.launch.forkserver import start_forkserver
+from lockstep.launch.progress import StepReader, watching
 from lockstep.launch.ranks import free_port, run_command, run_launcher
 
 
@@ -60,14 +73,23 @@ LAUNCHER_EXTRAS = {"deepspeed": {"deepspeed": "its launcher"}}
 
 @dataclass(frozen=True)
 class Exit:
-    """A finished launch: its exit code (None: killed at the timeout), its log, when it
-    started, and the command line the ranks ran."""
+    """A finished launch: its exit code (None: killed at the timeout or at the first-step
+    deadline), its log, when it started, and the command line the ranks ran."""
 
     code: int | None
     log: Path
     started: float
     argv: list[str]
     forensics: Path | None = None  # the flight-recorder dumps' folder
+    # killed for logging no step within this many seconds; its `log_tail` then (redacted)
+    first_step_missed: tuple[float, list[str]] | None = None
+
+    def tail(self) -> list[str]:
+        """The last lines the ranks wrote: when the first-step deadline struck (after it come
+        the kill's echoes), else at the end."""
+        if self.first_step_missed is not None:
+            return self.first_step_missed[1]
+        return log_tail(self.text) if self.log.is_file() else []
 
     def report(self):
         """The flight recorder's report on this launch (`lockstep.forensics.analysis.Report`):
@@ -78,16 +100,16 @@ class Exit:
 
         return hang.report(self.forensics, self.text)
 
-    def hang_report(self) -> str:
+    def hang_report(self, findings_only: bool = False) -> str:
         """For a timed-out launch's one-line error: the report's headlines (who is out of step in
         which collective) and where the whole report is, ranks' stacks included; '' without
-        dumps. The whole report is written scrubbed beside the dumps, as report.txt
-        (`lockstep.forensics.hang.summary`)."""
+        dumps, or with `findings_only` when nobody is out of step. The whole report is written
+        scrubbed beside the dumps, as report.txt (`lockstep.forensics.hang.summary`)."""
         if self.forensics is None:
             return ""
         from lockstep.forensics import hang
 
-        return hang.summary(self.forensics, self.text)
+        return hang.summary(self.forensics, self.text, findings_only=findings_only)
 
     def tolerated(
         self,
@@ -175,29 +197,86 @@ def launch(
     cwd: Path | None = None,
     watch=None,
     forensics: Path | None = None,
+    first_step: tuple[float, Path] | None = None,
 ) -> Exit:
     """Run `argv` on `nproc` local ranks through `LAUNCHERS[launcher]`, every rank's output
     redacted into `log`. `watch(pid)`, a context manager, runs around the launch (the gate's
     process monitor); `env` is the ranks' whole environment. `forensics`: a folder for the
-    ranks' flight-recorder dumps (emptied first; `lockstep.forensics`)."""
+    ranks' flight-recorder dumps (emptied first; `lockstep.forensics`). `first_step`
+    (seconds, a metrics file): the launch is killed when the file shows no step by then
+    (`Exit.first_step_missed`)."""
     started = time.time()
     if forensics is not None:
         from lockstep.forensics import hang
 
         hang.clear(forensics)
-    code = LAUNCHERS[launcher](argv, nproc, log, env=env, timeout=timeout, cwd=cwd,
-                               watch=watch, run_path=run_path,
-                               forensics=forensics)  # fmt: skip
+    if run_path and first_step is not None:
+        start_forkserver()  # before the deadline's killer: the server outlives this launch
+    with _first_step_deadline(first_step, log, forensics, nproc) as missed:
+        code = LAUNCHERS[launcher](argv, nproc, log, env=env, timeout=timeout, cwd=cwd,
+                                   watch=watch, run_path=run_path,
+                                   forensics=forensics)  # fmt: skip
+    if missed:
+        return Exit(None, log, started, argv, forensics, (first_step[0], missed[0]))
     return Exit(code, log, started, argv, forensics)
+
+
+# the deepspeed CLI's own lines besides LAUNCHER_LINES (its `runner.py`: the command it ran)
+OWN_LINES = (*LAUNCHER_LINES, "[runner.py:")
+
+
+def log_tail(text: str, lines: int = 5) -> list[str]:
+    """A launch log's last `lines` lines from the ranks: not the launchers' own, each line
+    once (every rank prints the same), the newest last."""
+    text = SUMMARY.sub("", text)
+    kept = [ln.strip() for ln in text.splitlines() if not any(x in ln for x in OWN_LINES)]
+    return list(dict.fromkeys(ln[:200] for ln in reversed(kept) if ln))[:lines][::-1]
+
+
+@contextlib.contextmanager
+def _first_step_deadline(first_step: tuple[float, Path] | None, log: Path,
+                         forensics: Path | None, nproc: int):  # fmt: skip
+    """While inside: when `first_step`'s metrics file shows no step `first_step[0]` seconds in,
+    the log's tail then goes into the list it yields (redacted: the log itself is only once
+    the launch ends), the ranks are asked for their flight recorders' dumps (a rank stuck in
+    a collective before its first step is named), and every process started inside is
+    killed, again until the block ends (a rank forked late too)."""
+    missed: list[list[str]] = []
+    if first_step is None:
+        yield missed
+        return
+    seconds, metrics = first_step
+    kill, ended = killer(), threading.Event()
+
+    def expire() -> None:
+        if ended.wait(seconds) or StepReader(metrics, 0).read() is not None:
+            return
+        from lockstep.redact import scrub_text
+
+        missed.append(log_tail(scrub_text(log.read_text(errors="replace"))) if log.exists() else [])
+        if forensics is not None:
+            from lockstep.forensics import collect
+
+            collect.request(forensics, nproc)  # every live rank dumps, then dies
+        while not ended.is_set():
+            kill()
+            ended.wait(0.2)
+
+    thread = threading.Thread(target=expire, name="lockstep-first-step", daemon=True)
+    thread.start()
+    try:
+        yield missed
+    finally:
+        ended.set()
+        thread.join()
 
 
 class Script:
     """A user's script command (`--script CMD`), checked before any launch, and launched
     under the protocol: placeholders filled, LOCKSTEP_* set."""
 
-    def __init__(
-        self, command: str, *, launcher: str = "torchrun", run_path: bool = False, timeout=600.0
-    ):
+    def __init__(self, command: str, *, launcher: str = "torchrun", run_path: bool = False,
+                 timeout=600.0, first_step_timeout: float | None = None):  # fmt: skip
         if not command.strip():
             raise UsageError("--script needs a command, for example --script 'python train.py'")
         if launcher not in LAUNCHERS:
@@ -212,6 +291,7 @@ class Script:
         self.launcher = launcher
         self.run_path = run_path
         self.timeout = timeout
+        self.first_step_timeout = first_step_timeout  # None: no deadline before the timeout
 
     def argv(self, protocol: track.Protocol) -> list[str]:
         return script_argv(self.command, protocol.values())
@@ -228,15 +308,17 @@ class Script:
     ) -> Exit:
         """One launch with `protocol`'s variables over `env` (default: this process's);
         a rank killed by a signal logs its stack (PYTHONFAULTHANDLER); the ranks' flight
-        recorder dumps go to `LOG.flight-recorder/` on a timeout or a crash (`Exit.report`)."""
-        from lockstep.launch.progress import watching
-
+        recorder dumps go to `LOG.flight-recorder/` on a timeout or a crash (`Exit.report`).
+        Killed when rank 0 logs no step within `first_step_timeout` seconds."""
         env = dict(os.environ if env is None else env, **protocol.environ())
         env.setdefault("PYTHONFAULTHANDLER", "1")
-        with watching(log.parent.name, protocol.metrics_of(0), protocol.max_steps):
+        metrics, deadline = protocol.metrics_of(0), self.first_step_timeout
+        shown = min(deadline or self.timeout, self.timeout)  # the earlier ends the wait
+        with watching(log.parent.name, metrics, protocol.max_steps, shown):
             return launch(self.argv(protocol), nproc, log, env=env, timeout=self.timeout,
                           launcher=self.launcher, run_path=self.run_path, cwd=cwd,
-                          watch=watch, forensics=dumps_folder(log))  # fmt: skip
+                          watch=watch, forensics=dumps_folder(log),
+                          first_step=(deadline, metrics) if deadline else None)  # fmt: skip
 
 
 def dumps_folder(log: Path) -> Path:
