@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from support.script_check import EXAMPLE, check
+from support.script_check import check, planted
 
 LOADS = (
     '    opt.load_state_dict(state["opt"])\n'
@@ -47,12 +47,7 @@ VARIANTS = {
 
 
 def variant(tmp_path: Path, name: str) -> str:
-    old, new = VARIANTS[name]
-    source = EXAMPLE.read_text()
-    assert source.count(old) == 1, f"the example no longer contains {old!r}"
-    path = tmp_path / f"train_{name}.py"
-    path.write_text(source.replace(old, new))
-    return str(path)
+    return str(planted(tmp_path, name, [VARIANTS[name]]))
 
 
 @pytest.mark.parametrize(

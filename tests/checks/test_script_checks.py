@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from support.script_check import EXAMPLE, check, error_lines
+from support.script_check import EXAMPLE, check, error_lines, planted
 
 BUGS = {
     # a resume that forgets the LR scheduler
@@ -37,12 +37,7 @@ BUGS = {
 
 
 def variant(tmp_path: Path, bug: str) -> Path:
-    old, new = BUGS[bug]
-    source = EXAMPLE.read_text()
-    assert source.count(old) == 1, f"the example no longer contains {old!r}"
-    path = tmp_path / f"train_{bug}.py"
-    path.write_text(source.replace(old, new))
-    return path
+    return planted(tmp_path, bug, [BUGS[bug]])
 
 
 def test_example_passes_every_check(tmp_path):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from support.script_check import EXAMPLE, check, error_lines
+from support.script_check import check, error_lines, planted
 
 LOOP = "while step < (proto.max_steps or 20):\n"
 LOG = "    track.log(step, loss=loss / world, grad_norm=grad_norm, lr=lr, model=model)\n"
@@ -107,13 +107,7 @@ VARIANTS = {
 
 
 def variant(tmp_path: Path, name: str) -> str:
-    source = EXAMPLE.read_text()
-    for old, new in VARIANTS[name]:
-        assert source.count(old) == 1, f"the example no longer contains {old!r}"
-        source = source.replace(old, new)
-    path = tmp_path / f"train_{name}.py"
-    path.write_text(source)
-    return str(path)
+    return str(planted(tmp_path, name, VARIANTS[name]))
 
 
 @pytest.mark.parametrize(

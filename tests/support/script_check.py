@@ -37,3 +37,15 @@ def check(
 def error_lines(stderr: str) -> list[str]:
     """stderr without the runs' progress lines (`lockstep.launch.progress.LINE`)."""
     return [line for line in stderr.strip().splitlines() if not LINE.match(line)]
+
+
+def planted(tmp_path: Path, name: str, replacements) -> Path:
+    """The example with each (old, new) of `replacements` made, as train_NAME.py: a bug planted
+    in the very script docs/scripts.md shows."""
+    source = EXAMPLE.read_text()
+    for old, new in replacements:
+        assert source.count(old) == 1, f"the example no longer contains {old!r}"
+        source = source.replace(old, new)
+    path = tmp_path / f"train_{name}.py"
+    path.write_text(source)
+    return path
