@@ -37,6 +37,10 @@ def files(tmp_path_factory) -> Path:
         (d / f"{name}.json").write_text(json.dumps(ds))
     (d / "ds-huge.json").write_text('{"train_batch_size": 1e400}')
     shutil.copy(ROOT / "smoke" / "cpu-ddp.toml", d / "run.toml")
+    # tomllib recurses into arrays and inline tables; dotted keys nest without recursing
+    (d / "deep-array.toml").write_text("[model]\nx = " + DEEP + "\n")
+    (d / "deep-table.toml").write_text("x = " + "{a = " * 5_000 + "1" + "}" * 5_000 + "\n")
+    (d / "deep-dotted.toml").write_text("[model." + ".".join(["a"] * 5_000) + "]\n")
     return d
 
 
@@ -64,6 +68,17 @@ CASES = {
     "check --timeout -1": (["check", "determinism", "run.toml", "--timeout", "-1"], "positive"),
     "gate record --repeats 0": (["gate", "record", "x", "run.toml", "--repeats", "0"],
                                 "at least 1"),
+    "a run config of deep TOML": (["train", "deep-array.toml", "--nproc", "2"], "nested too deep"),
+    "a checked config of deep TOML": (["check", "determinism", "deep-table.toml", "--nproc", "2"],
+                                      "nested too deep"),
+    "a gated config of deep TOML": (["gate", "check", "x", "deep-array.toml"], "nested too deep"),
+    "a config of deep dotted keys": (["train", "deep-dotted.toml"], "nested too deep"),
+    "alert rules of deep TOML": (["gate", "alerts", "deep-table.toml", "digits.jsonl"],
+                                 "nested too deep"),
+    "--set of a deep TOML value": (["train", "run.toml", "--set", "model.x=" + DEEP],
+                                   "--set model.x: nested too deep"),
+    "--set of a deep dotted key": (["train", "run.toml", "--set", "model." + "a." * 5_000 + "b=1"],
+                                   "nested too deep"),
     "a micro batch of 1e23": (["train", "run.toml", "--set", f"batch.micro_size={10**23}"],
                               "less than or equal to"),
 }  # fmt: skip

@@ -158,13 +158,9 @@ def load_rules(spec: str | Path) -> list[Rule]:
     if str(spec) == "default":
         return default_rules()
     path = Path(spec)
-    from lockstep.inputs import read_text
+    from lockstep.inputs import read_toml
 
-    try:
-        data = tomllib.loads(read_text(path, "alert rules"))
-    except tomllib.TOMLDecodeError as err:
-        raise UsageError(f"{path}: not valid TOML ({err})") from None
-    return parse_rules(data, str(path))
+    return parse_rules(read_toml(path, "alert rules"), str(path))
 
 
 class _State:

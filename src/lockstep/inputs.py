@@ -1,8 +1,8 @@
-"""What lockstep reads from the user, bounded and checked: a file it is given, JSON it parses, a
-path it will write, a number on the command line. Anything outside the bounds is one line
-(`UsageError`, exit 2) that names the input, never a traceback: a binary file, a folder where a
-file should be, JSON nested past Python's recursion or a number of thousands of digits, a
-timeout of `nan` or `1e300` (issue #37).
+"""What lockstep reads from the user, bounded and checked: a file it is given, JSON or TOML it
+parses, a path it will write, a number on the command line. Anything outside the bounds is one
+line (`UsageError`, exit 2) that names the input, never a traceback and never a wait: a binary
+file, a folder, pipe or device where a file should be, JSON or TOML nested deeper than
+MAX_DEPTH, a number of thousands of digits, a timeout of `nan` or `1e300`.
 """
 
 from __future__ import annotations
@@ -10,44 +10,118 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import stat
+import tomllib
 from pathlib import Path
 
 from lockstep.errors import UsageError
 
 MAX_INPUT_BYTES = 256 * 2**20  # any file lockstep reads: goldens, metrics, configs, locks, dumps
+MAX_DEPTH = 64  # nesting of any JSON or TOML input; lockstep's own formats use fewer than 8
 MAX_SECONDS = 7 * 24 * 3600.0  # a timeout longer than a week is a typo, not a plan
+
+_CHUNK = 2**20
+# Not a file: what each kind is called in the one-line refusal.
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a pipe (FIFO)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _not_a_file(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _mode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_mode
+    except OSError:
+        return None
+
+
+def read_bytes(path: str | Path, what: str) -> bytes:
+    """The bytes of a regular file the user named: missing, unreadable, not a regular file (a
+    folder, pipe, device or socket) or over MAX_INPUT_BYTES is a one-line UsageError naming
+    `what` and the path.
+
+    The file is opened without blocking (a FIFO with no writer would otherwise wait forever in
+    open) and checked and read through that one descriptor, so what is checked is what is read.
+    The bound counts the bytes read, not the size stat reports: /proc and /sys files report 0,
+    and /dev/zero has no end."""
+    path = Path(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise UsageError(f"{what} not found: {path}") from None
+    except OSError as err:  # ENXIO: a socket, or a device with nothing behind it
+        mode = _mode(path)
+        if mode is not None and not stat.S_ISREG(mode):
+            raise UsageError(f"{what} {path} is {_not_a_file(mode)}: give a file") from None
+        raise UsageError(f"cannot read {what} {path}: {err.strerror or err}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise UsageError(f"{what} {path} is {_not_a_file(mode)}: give a file")
+        os.set_blocking(fd, True)  # a regular file ignores O_NONBLOCK; some network ones do not
+        chunks, left = [], MAX_INPUT_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, _CHUNK))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            raise UsageError(
+                f"{what} {path} is over {MAX_INPUT_BYTES} bytes: give the {what} itself"
+            )
+        return b"".join(chunks)
+    except OSError as err:
+        raise UsageError(f"cannot read {what} {path}: {err.strerror or err}") from None
+    finally:
+        os.close(fd)
 
 
 def read_text(path: str | Path, what: str) -> str:
-    """A text file the user named, as a string: missing, a folder, unreadable, over
-    MAX_INPUT_BYTES or not UTF-8 text is a one-line UsageError naming `what` and the path."""
-    path = Path(path)
+    """A UTF-8 text file the user named (`read_bytes`); not UTF-8 is a one-line UsageError."""
     try:
-        size = path.stat().st_size
-        if path.is_dir():
-            raise UsageError(f"{what} {path} is a folder: give a file")
-        if size > MAX_INPUT_BYTES:
-            raise UsageError(
-                f"{what} {path} is {size} bytes, over {MAX_INPUT_BYTES}: give the {what} itself"
-            )
-        return path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"{what} not found: {path}") from None
+        return read_bytes(path, what).decode("utf-8")
     except UnicodeDecodeError as err:
         raise UsageError(
-            f"{what} {path} is not UTF-8 text (byte {err.start}): give the {what} itself"
+            f"{what} {Path(path)} is not UTF-8 text (byte {err.start}): give the {what} itself"
         ) from None
-    except OSError as err:
-        raise UsageError(f"cannot read {what} {path}: {err.strerror or err}") from None
 
 
-def load_json(text: str, what: str):
-    """`json.loads` of `text`: nesting past Python's recursion limit, a number of more digits
-    than Python converts, or malformed JSON is a one-line UsageError naming `what`."""
+def too_deep(what: str) -> UsageError:
+    return UsageError(f"{what}: nested too deep (over {MAX_DEPTH} levels)")
+
+
+def bounded_depth(value, what: str):
+    """`value` (parsed JSON or TOML) when it nests at most MAX_DEPTH lists and tables, else a
+    one-line UsageError: the code that walks it later recurses. The walk itself does not."""
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise too_deep(what)
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+    return value
+
+
+def load_json(text: str, what: str, **options):
+    """`json.loads` of `text` (with `options`), at most MAX_DEPTH deep: deeper nesting, a
+    number of more digits than Python converts, or malformed JSON is a one-line UsageError
+    naming `what`."""
     try:
-        return json.loads(text)
-    except RecursionError:
-        raise UsageError(f"{what}: JSON nested too deep to read") from None
+        return bounded_depth(json.loads(text, **options), what)
+    except RecursionError:  # nested past the interpreter's limit, before MAX_DEPTH is checked
+        raise too_deep(what) from None
     except json.JSONDecodeError as err:
         raise UsageError(f"{what}: not JSON ({err.msg} at line {err.lineno})") from None
     except ValueError as err:  # int('9' * 5000): Python's digit limit
@@ -57,6 +131,24 @@ def load_json(text: str, what: str):
 def read_json(path: str | Path, what: str):
     """A JSON file the user named (`read_text`, then `load_json`)."""
     return load_json(read_text(path, what), f"{what} {path}")
+
+
+def load_toml(text: str, what: str) -> dict:
+    """`tomllib.loads` of `text`, at most MAX_DEPTH deep: deeper nesting or malformed TOML is a
+    one-line UsageError naming `what`. tomllib recurses into arrays and inline tables (a
+    RecursionError past the interpreter's limit); dotted keys nest without recursing, so the
+    parsed value is bounded too."""
+    try:
+        return bounded_depth(tomllib.loads(text), what)
+    except RecursionError:
+        raise too_deep(what) from None
+    except tomllib.TOMLDecodeError as err:
+        raise UsageError(f"{what}: not valid TOML ({err})") from None
+
+
+def read_toml(path: str | Path, what: str) -> dict:
+    """A TOML file the user named (`read_text`, then `load_toml`)."""
+    return load_toml(read_text(path, what), str(path))
 
 
 def writable(path: str | Path | None, what: str = "output", *, makes_folder: bool = False) -> None:

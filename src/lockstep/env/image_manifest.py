@@ -3,7 +3,6 @@ its name, base, locks and, in the CUDA image, the CUDA runtime and the oldest dr
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -24,18 +23,15 @@ def read(where: Path | None = None) -> dict | None:
 
 
 def _parse(path: Path) -> dict | None:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
+    from lockstep.inputs import load_json, read_text
+
+    if not os.path.exists(path):  # outside a locked image (a dangling link too)
         return None
-    except OSError as err:
-        raise UsageError(f"cannot read image manifest {path}: {err.strerror}") from None
+    text = read_text(path, "image manifest")
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise UsageError(
-            f"image manifest {path} is not JSON ({err.msg}); rebuild the image"
-        ) from None
+        data = load_json(text, f"image manifest {path}")
+    except UsageError as err:
+        raise UsageError(f"{err}; rebuild the image") from None
     if not isinstance(data, dict) or data.get("schema") != 1:
         raise UsageError(f"image manifest {path} is not schema 1; rebuild the image")
     return data

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from lockstep.env import cuda_stack
 from lockstep.errors import UsageError
-from lockstep.inputs import read_text
+from lockstep.inputs import read_bytes, read_text
 
 LOCK_CANDIDATES = ("requirements/cpu.txt", "requirements/cuda.txt")
 NAMED = 10  # packages named per kind (extra, missing, different) in a one-line difference
@@ -65,7 +65,7 @@ def find_lock(cwd: Path, torch_version: str) -> Path | None:
 
 def _torch_local(path: Path) -> str | None:
     """The local version of the lock's torch pin (`+cpu` -> "cpu"), without a full parse."""
-    match = re.search(r"^torch\s*==\s*([^\s;\\]+)", path.read_text(), re.MULTILINE)
+    match = re.search(r"^torch\s*==\s*([^\s;\\]+)", read_text(path, "lock file"), re.MULTILINE)
     return match[1].partition("+")[2] if match else None
 
 
@@ -86,7 +86,7 @@ def compare_lock(
     stack_result = cuda_stack.compare(stack, pins) if stack is not None else None
     return {
         "path": str(path),
-        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "sha256": hashlib.sha256(read_bytes(path, "lock file")).hexdigest(),
         "matches": not (extra or missing or different)
         and (stack_result is None or stack_result["matches"]),
         "extra": extra,

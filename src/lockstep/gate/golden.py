@@ -256,13 +256,13 @@ def read(path: str | Path) -> Golden:
 
 def load_data(path: Path) -> dict:
     """The parsed and validated JSON of a golden file (header and rows)."""
-    from lockstep.inputs import read_text
+    from lockstep.inputs import bounded_depth, read_text, too_deep
 
     text = read_text(path, "golden")
     try:
-        data = json.loads(text, parse_constant=_refuse_constant)
+        data = bounded_depth(json.loads(text, parse_constant=_refuse_constant), f"golden {path}")
     except RecursionError:
-        raise UsageError(f"{path} is not a valid golden (JSON nested too deep)") from None
+        raise too_deep(f"golden {path}") from None
     except ValueError as err:
         raise UsageError(
             f"{path} is not a valid golden ({err}); record it again with `lockstep gate refresh`"
@@ -404,10 +404,12 @@ def recorded(directory: Path, name: str) -> dict[str, dict]:
     folder = directory / name
     if not folder.is_dir():
         return out
+    from lockstep.inputs import load_json, read_text
+
     for path in sorted(folder.glob("*.json")):
-        try:
-            head = json.loads(path.read_text())
+        try:  # a pipe, device or huge file among them is skipped like a broken one
+            head = load_json(read_text(path, "golden"), f"golden {path}")
             out[path.stem] = head["env"]["key_fields"]
-        except (OSError, ValueError, KeyError, TypeError):
+        except (UsageError, KeyError, TypeError):
             continue
     return out

@@ -81,8 +81,14 @@ class Job:
 
     def _sources(self) -> list[str]:
         """The text of the .py files the command names (what its digest covers too)."""
+        return [source.decode(errors="replace") for source in self._script_files()]
+
+    def _script_files(self) -> list[bytes]:
+        """The bytes of each .py file the command names, read bounded (`inputs.read_bytes`)."""
+        from lockstep.inputs import read_bytes
+
         return [
-            Path(arg).read_text(errors="replace")
+            read_bytes(arg, "script file")
             for arg in shlex.split(self.command)
             if arg.endswith(".py") and Path(arg).is_file()
         ]
@@ -118,9 +124,8 @@ class Job:
             h.update(self._reference.resolved().encode())
         else:
             h.update(self.command.encode())
-            for arg in shlex.split(self.command):
-                if arg.endswith(".py") and Path(arg).is_file():
-                    h.update(Path(arg).read_bytes())
+            for source in self._script_files():
+                h.update(source)
         return "sha256:" + h.hexdigest()
 
     def arguments(self) -> str:

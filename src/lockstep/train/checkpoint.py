@@ -45,6 +45,7 @@ import torch
 import torch.distributed as dist
 
 from lockstep.errors import RankTimeout, UsageError
+from lockstep.inputs import read_json, read_text
 from lockstep.train import engine_table
 
 MANIFEST = "manifest.json"
@@ -166,8 +167,8 @@ def written_by_lockstep(path: Path) -> int | None:
     if not match or not path.is_dir():
         return None
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
-    except (OSError, ValueError):
+        manifest = read_json(path / MANIFEST, "checkpoint manifest")
+    except UsageError:
         return None
     step = int(match.group(1))
     ours = isinstance(manifest, dict) and manifest.get("step") == step
@@ -196,8 +197,8 @@ def retain(root: Path, keep: int) -> list[Path]:
     """Delete all but the newest `keep` of lockstep's checkpoints (never the one `latest`
     names, never a folder lockstep did not write); returns what it deleted."""
     try:
-        current = (root / LATEST).read_text().strip()
-    except OSError:
+        current = read_text(root / LATEST, "checkpoint pointer").strip()
+    except UsageError:
         current = None
     doomed = [p for p in published(root)[:-keep] if p.name != current] if keep > 0 else []
     for old in doomed:
@@ -225,7 +226,7 @@ def find(root: Path, resume: str) -> Path | None:
                 f"checkpoint.resume to the directory to use, or 'never' to start afresh"
             )
         return None
-    path = root / pointer.read_text().strip()
+    path = root / read_text(pointer, "checkpoint pointer").strip()
     if not path.is_dir():
         raise UsageError(
             f"{pointer} names {path.name}, which does not exist; the checkpoint is lost"
@@ -237,11 +238,12 @@ def verify(path: Path) -> dict[str, Any]:
     """The manifest, after checking every file's size and sha256; UsageError naming the damage."""
     manifest_path = path / MANIFEST
     try:
-        manifest = json.loads(manifest_path.read_text())
+        manifest = read_json(manifest_path, "checkpoint manifest")
         files = manifest["files"]
-    except (OSError, ValueError, KeyError):
+    except (UsageError, KeyError, TypeError) as err:
+        why = f" ({err})" if isinstance(err, UsageError) else ""
         raise UsageError(
-            f"checkpoint {path} is incomplete or corrupt: no readable {MANIFEST}"
+            f"checkpoint {path} is incomplete or corrupt: no readable {MANIFEST}{why}"
         ) from None
     for rel, (size, digest) in files.items():
         file = path / rel

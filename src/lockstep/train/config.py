@@ -241,12 +241,17 @@ def require_config(what: str, cfg: RunConfig, wandb: bool = True) -> None:
     extras.require(what, config_needs(cfg, wandb))
 
 
-def _parse_value(text: str) -> Any:
-    """A TOML value (`3`, `1e-3`, `true`, `"x"`, `[1, 2]`), else the bare text as a string."""
+def _parse_value(text: str, what: str) -> Any:
+    """A TOML value (`3`, `1e-3`, `true`, `"x"`, `[1, 2]`), else the bare text as a string;
+    one nested deeper than inputs.MAX_DEPTH is a one-line UsageError naming `what`."""
+    from lockstep.inputs import bounded_depth, too_deep
+
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        return bounded_depth(tomllib.loads(f"v = {text}")["v"], what)
     except tomllib.TOMLDecodeError:
         return text
+    except RecursionError:  # tomllib recurses into arrays and inline tables
+        raise too_deep(what) from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -255,7 +260,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--set '{item}' must look like section.key=value")
-        set_values(data, {key.strip(): _parse_value(value.strip())})
+        set_values(data, {key.strip(): _parse_value(value.strip(), f"--set {key.strip()}")})
     return data
 
 
@@ -302,11 +307,8 @@ def from_dict(data: dict[str, Any], source: str = "config") -> RunConfig:
 
 def load_config(path: str | Path, overrides: list[str] = ()) -> RunConfig:
     """Read a TOML run config, apply `--set` overrides, validate."""
-    path = Path(path)
-    from lockstep.inputs import read_text
+    from lockstep.inputs import bounded_depth, read_toml
 
-    try:
-        data = tomllib.loads(read_text(path, "config file"))
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: not valid TOML ({exc})") from None
-    return from_dict(apply_overrides(data, list(overrides)), str(path))
+    data = apply_overrides(read_toml(path, "config file"), list(overrides))
+    # a dotted --set key nests without bound too (`a.b.c...`): the same depth bound
+    return from_dict(bounded_depth(data, f"{path} with --set"), str(path))
