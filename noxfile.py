@@ -178,6 +178,7 @@ def lint(session: nox.Session) -> None:
     session.run("lint-imports", env={"PYTHONPATH": str(ROOT / "src")})
     session.run("python", "ci/check-private-imports.py")
     session.run("python", "ci/check-sizes.py")
+    session.run("python", "ci/check-tmp-paths.py")  # no script names a fixed path in /tmp
 
 
 @nox.session(venv_backend="none")

@@ -11,9 +11,11 @@
 # ROUNDS the bench's rounds, REPEATS the gate golden's repeats, GATE_SETS more `--set`s for the
 # gate's job (space-separated, no space inside one), SLOW_KINDS the planted waits (spin sleep),
 # GATE_CONFIG the gate's job (default smoke/gpu-ddp.toml; the GPU runners' own gate is
-# smoke/gpu-ddp-100m.toml).
-#   OUT=/tmp/gpu-out BUDGET=500 bash ci/gpu-offline.sh
-#   OUT=/tmp/gpu-out BUDGET=300 STEPS="fr smoke-zero bench" ENGINES=ddp,fsdp bash ci/gpu-offline.sh
+# smoke/gpu-ddp-100m.toml). OUT defaults to a fresh folder (`mktemp -d`, named at the start);
+# the wheels go to another, removed at the end: never a fixed path in /tmp, which another user
+# of the machine could have made first (ci/check-tmp-paths.py).
+#   OUT=$HOME/gpu-out BUDGET=500 bash ci/gpu-offline.sh
+#   OUT=$HOME/gpu-out BUDGET=300 STEPS="fr smoke-zero bench" ENGINES=ddp,fsdp bash ci/gpu-offline.sh
 set -u
 STEPS=${STEPS:-lockstep fr floor smoke-ddp smoke-zero bench gate}
 REPEATS=${REPEATS:-10}
@@ -22,10 +24,10 @@ ROUNDS=${ROUNDS:-5}
 GATE_SETS=${GATE_SETS:-}
 SLOW_KINDS=${SLOW_KINDS:-spin sleep}
 GATE_CONFIG=${GATE_CONFIG:-smoke/gpu-ddp.toml}
-OUT=${OUT:-/tmp/gpu-out}
+OUT=${OUT:-$(mktemp -d -t gpu-out.XXXXXX)} || exit 1
 BUDGET=${BUDGET:-500}
 START=$(date +%s)
-A=$(mktemp -d)
+A=$(mktemp -d) && SITE=$(mktemp -d) || exit 1
 LOG="$OUT/log.txt"
 mkdir -p "$OUT"
 exec > >(tee -a "$LOG") 2>&1
@@ -53,13 +55,14 @@ step() {
 
 finish() {
   tar -czf "$OUT/artifacts.tgz" -C "$A" . 2>/dev/null
-  rm -rf "$A"
+  rm -rf "$A" "$SITE"
 }
 trap finish EXIT
+echo "=== output in $OUT"
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH="$PWD/src:/tmp/site" PATH="/tmp/site/bin:$PATH" PYTHONUNBUFFERED=1
+  --target "$SITE" .whl/*.whl || exit 1
+export PYTHONPATH="$PWD/src:$SITE" PATH="$SITE/bin:$PATH" PYTHONUNBUFFERED=1
 # DeepSpeed's op builder cannot read an arch suffix (the image's own `9.0a`): lockstep's ZeRO
 # engine refuses it in one line (deepspeed_config.arch_list_problem); build for plain 9.0.
 ARCHS=${TORCH_CUDA_ARCH_LIST:-9.0}

@@ -48,11 +48,16 @@ fi
 [[ $(id -u runner) == 10001 ]] || die "user runner exists with uid $(id -u runner), need 10001 (the image's user)"
 usermod -aG docker runner
 
+# Downloaded into a folder of its own (`mktemp -d`, root's alone), never a fixed path in /tmp:
+# another local user could make that path first (a link, a file of theirs swapped in between
+# the sha256 check and the unpacking), and root would unpack what they put there.
 tarball=actions-runner-linux-x64-$version.tar.gz
-curl -fsSL -o "/tmp/$tarball" "https://github.com/actions/runner/releases/download/v$version/$tarball"
-echo "$sha  /tmp/$tarball" | sha256sum -c --quiet - || die "$tarball does not match --runner-sha256"
-tar -xzf "/tmp/$tarball" -C "$home"
-rm -f "/tmp/$tarball"
+download=$(mktemp -d)
+trap 'rm -rf "$download"' EXIT
+curl -fsSL -o "$download/$tarball" "https://github.com/actions/runner/releases/download/v$version/$tarball"
+echo "$sha  $download/$tarball" | sha256sum -c --quiet - || die "$tarball does not match --runner-sha256"
+tar -xzf "$download/$tarball" -C "$home"
+rm -rf "$download"
 chown -R runner:runner "$home"
 
 # One ephemeral registration per job: a fresh token each time, the runner exits after one job.
