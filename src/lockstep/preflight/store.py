@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import json
 import os
 import secrets
@@ -33,6 +32,7 @@ from datetime import timedelta
 
 from lockstep.errors import CheckFailed, RankTimeout, UsageError
 from lockstep.preflight.lines import first_line
+from lockstep.preflight.listener import listen
 
 POLL_S = 0.05
 BATCH = 1024  # keys a batched read asks for in one round trip
@@ -398,40 +398,6 @@ def connect(
             f"{messages['name']} at {where} stopped answering: {first_line(err)}"
         ) from None
     return Store(raw)
-
-
-def listen(host: str, port: int) -> tuple[int, str]:
-    """A socket listening on HOST's address (the one the job rendezvous on) at PORT, for the
-    TCPStore to serve on (its own listener takes every interface); its descriptor. Where HOST
-    does not resolve here, every interface: the check-in then names that as this node's
-    problem, and a store nobody can reach by name serves no one else anyway. Where a host
-    NAME resolves to loopback here only (Debian's `127.0.1.1 HOSTNAME` line) while other
-    hosts resolve it to this node's address, every interface too: binding loopback would shut
-    them out (docs/preflight.md: give an address to keep the listener on one interface).
-    The descriptor and the address (the server's own client connects there)."""
-    try:
-        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        if ipaddress.ip_address(address[0]).is_loopback and not names_loopback(host):
-            family, address = socket.AF_INET, ("0.0.0.0", port)
-    except OSError:
-        family, address = socket.AF_INET, ("0.0.0.0", port)
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(socket.SOMAXCONN)
-    except OSError:
-        sock.close()
-        raise
-    return sock.detach(), "127.0.0.1" if address[0] == "0.0.0.0" else address[0]
-
-
-def names_loopback(host: str) -> bool:
-    """HOST is `localhost` or a loopback address written out: the job meant this host only."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host.lower() in ("localhost", "localhost.localdomain")
 
 
 def reachable(host: str, port: int, within_s: float) -> bool:
