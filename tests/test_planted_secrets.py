@@ -14,6 +14,7 @@ the one tests/preflight/test_preflight_ranks.py reads too, launched once (`suppo
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import re
@@ -42,12 +43,44 @@ from support.planted import (
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Forms CI logs carry that leaked before: curl's user password, Docker's tokens, `wandb login`,
+# a Kubernetes `.dockerconfigjson`, bare tokens (an `hf_` without a digit, an AWS session token,
+# Telegram and Discord bots) and a private key's body without its BEGIN line.
+DOCKER_AUTH = json.dumps(
+    {"auths": {"ghcr.io": {"auth": base64.b64encode(b"ci:dock-6801").decode()}}}
+)
+CI = {
+    "curl_u": "curl-pw-6802",
+    "curl_user": "curl-pw-6803",
+    "identitytoken": "idtok-pl4nted-6804",
+    "registrytoken": "regtok-pl4nted-6805",
+    "wandb_login": "6806" + "ab12cd34ef" * 3 + "567890",
+    "dockerconfigjson": base64.b64encode(DOCKER_AUTH.encode()).decode(),
+    "hf_letters": "hf_" + "PlantedHfLetters" * 2 + "Zz",
+    "aws_session": "IQoJb3JpZ2luX2Vj" + "Pl4ntedSession" * 8,
+    "telegram": "6807123:AAPl4ntedTelegramBotToken012345678",
+    "discord": "MTA4MjQ1NjcxMjM0NTY3ODk5.Pl4ntd.Pl4ntedDiscordBotSecret6808",  # a bot's id, base64
+    "key_line_1": "MIIEowIBAAKCAQEA" + "Pl4ntedKeyBody01" * 3,
+    "key_line_2": "Pl4ntedKeyBody02" * 4,
+    "key_line_3": "Pl4ntedKeyBodyEnd03==",
+}
+CI_FORMS = (  # on lines of their own, after whatever it is appended to
+    f"\n+ curl -sSf -u ci-bot:{CI['curl_u']} https://artifacts.example.com/a\n"
+    f"+ curl --user ci-bot:{CI['curl_user']} -O https://artifacts.example.com/b\n"
+    "docker config "
+    + json.dumps({"auths": {"r.io": {k: CI[k] for k in ("identitytoken", "registrytoken")}}})
+    + f"\n+ wandb login {CI['wandb_login']}\n"
+    f"  .dockerconfigjson: {CI['dockerconfigjson']}\n"
+    f"via {CI['hf_letters']} aws {CI['aws_session']} bot {CI['telegram']} on {CI['discord']}\n"
+    f"{CI['key_line_1']}\n{CI['key_line_2']}\n{CI['key_line_3']}\n"
+)
+
 CRASHING_SCRIPT = f"""
 import os, sys
 print({FREE_TEXT!r}, file=sys.stderr)
 print({SIGNED_URL!r}, {JSON_TEXT!r}, file=sys.stderr)
-print({SHAPES!r}, {YAML!r}, sep="\\n", file=sys.stderr)
-MESSAGE = "cannot reach " + {FREE_TEXT!r} + " " + {PEM!r}
+print({SHAPES!r}, {YAML!r}, {CI_FORMS!r}, sep="\\n", file=sys.stderr)
+MESSAGE = "cannot reach " + {FREE_TEXT!r} + " " + {PEM!r} + {CI_FORMS!r}
 {ENVIRON_LINE}
 """
 
@@ -55,7 +88,8 @@ MESSAGE = "cannot reach " + {FREE_TEXT!r} + " " + {PEM!r}
 # torchelastic logs that rank's traceback from the launching process.
 LEAKY_DATA = f"""
 def data(seq_len, vocab_size):
-    raise ConnectionError("cannot reach " + {FREE_TEXT!r} + " " + {SIGNED_URL!r} + " " + {PEM!r})
+    raise ConnectionError("cannot reach " + {FREE_TEXT!r} + " " + {SIGNED_URL!r} + " " + {PEM!r}
+                          + {CI_FORMS!r})
 """
 # A dataset that prints secrets while the run trains (wandb is recording by then). What it prints
 # reaches the terminal as it is (README: a user's own output is not lockstep's); its lines are
@@ -84,7 +118,7 @@ def data(seq_len, vocab_size):
 # A module whose import fails in the lockstep process itself: an uncaught traceback.
 LEAKY_IMPORT = f"""
 import os
-MESSAGE = "cannot reach " + {SHAPES!r}
+MESSAGE = "cannot reach " + {SHAPES!r} + {CI_FORMS!r}
 {ENVIRON_LINE}
 """
 # A script whose two runs log different loss values holding secrets: the divergence is quoted.
@@ -92,7 +126,7 @@ DIVERGING_SCRIPT = f"""
 import time
 from lockstep import track
 for step in range(1, 3):
-    track.log(step, loss=f"{{time.time_ns()}} " + {SHAPES!r})
+    track.log(step, loss=f"{{time.time_ns()}} " + {SHAPES!r} + {CI_FORMS!r})
 """
 # Distributed tests for the pytest plugin: output, a failing rank's traceback and message.
 PLUGIN_TESTS = f"""
@@ -101,7 +135,7 @@ import pytest
 
 @pytest.mark.distributed(world_size=2)
 def test_prints_and_fails(rank):
-    print({SHAPES!r}, {FREE_TEXT!r})
+    print({SHAPES!r}, {FREE_TEXT!r}, {CI_FORMS!r})
     if rank == 1:
         MESSAGE = {YAML!r}
         {ENVIRON_LINE}
@@ -139,7 +173,9 @@ def test_no_planted_secret_reaches_any_output(tmp_path, tmp_path_factory):
     out = tmp_path / "out"
     out.mkdir()
     summary = out / "step-summary.md"
-    env = clean_environ(GITHUB_STEP_SUMMARY=str(summary), WANDB_MODE="offline")
+    env = clean_environ(
+        GITHUB_STEP_SUMMARY=str(summary), WANDB_MODE="offline", TORCH_CI_FORMS=CI_FORMS
+    )
     preflight, preflight_out = planted_preflight(tmp_path_factory)
     for name, text in zip(
         INPUTS,
@@ -359,6 +395,7 @@ def test_no_planted_secret_reaches_any_output(tmp_path, tmp_path_factory):
     assert "cpu-torch-survives" in texts["fp.json"] and "12345.5" in texts["fp.json"]
 
     planted = {**SECRETS, "token": TOKEN, "job_key": JOB_KEY, "url_password": URL_PASSWORD}
+    planted.update({f"ci_{form}": value for form, value in CI.items()})
     leaks = [
         f"{form} ({value!r}) in {name}: ...{text[max(0, text.index(value) - 200) : text.index(value)]!r}"
         for name, text in texts.items()

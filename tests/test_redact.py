@@ -4,6 +4,7 @@ import ast
 import base64
 import hashlib
 import itertools
+import json
 import re
 import subprocess
 import sys
@@ -380,3 +381,83 @@ def test_the_job_key_is_scrubbed_by_its_value_wherever_it_stands(monkeypatch, tm
     assert job_key.load({"LOCKSTEP_JOB_KEY_FILE": str(key_file)}) == from_file.encode()
     text = scrub_text(f"value {from_file} in a log line")
     assert from_file not in text and "<redacted:" in text
+
+
+def key_body(der_head: bytes, size: int = 600, wrap: int = 64) -> str:
+    """A private key's PEM body without its BEGIN line: its DER's first bytes, then bytes of
+    no meaning (deterministic), in base64 lines of `wrap` characters."""
+    filler = b"".join(hashlib.sha256(str(i).encode()).digest() for i in range(size // 32 + 1))
+    text = base64.b64encode(der_head + filler[:size]).decode()
+    return "\n".join(text[i : i + wrap] for i in range(0, len(text), wrap))
+
+
+RSA_HEAD = bytes.fromhex("308204a30201000282010100")  # PKCS#1 RSA, version 0
+EC_HEAD = bytes.fromhex("307702010104")  # SEC1 EC P-256, version 1
+PKCS8_HEAD = bytes.fromhex("308204be020100300d06092a")  # PKCS#8
+DOCKER_CONFIG = json.dumps(
+    {"auths": {"ghcr.io": {"auth": base64.b64encode(b"ci:dock-pw-41").decode()}}}
+)
+DISCORD_ID = base64.b64encode(b"108245671234567890").decode()  # a bot's token opens with it
+SESSION_TOKEN = "IQoJb3JpZ2luX2VjEJr//////////wEaCXVzLWVhc3QtMSJHMEUCIQ" + "Dk9xQ1" * 40
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("+ curl -sSf -u ci-bot:curl-pw-31 https://artifacts.example.com/x", "curl-pw-31"),
+        ("curl --user ci-bot:curl-pw-32 -O https://h/x", "curl-pw-32"),
+        ("curl --user='ci-bot:curl pw 33' https://h/x", "pw 33"),
+        ("curl -uci-bot:curl-pw-34 https://h/x", "curl-pw-34"),
+        ("curl -x proxy:3128 -U bob:proxy-pw-35 https://h/x", "proxy-pw-35"),
+        ('{"auths": {"r.io": {"identitytoken": "idtok-36-abc"}}}', "idtok-36-abc"),
+        ('{"registrytoken": "regtok-37-abc"}', "regtok-37-abc"),
+        ("+ wandb login 0123456789abcdef0123456789abcdef01234567", "0123456789abcdef"),
+        ("wandb login --relogin --host https://w.example.com " + "9f" * 20, "9f9f9f9f"),
+        (
+            ".dockerconfigjson: " + base64.b64encode(DOCKER_CONFIG.encode()).decode(),
+            base64.b64encode(DOCKER_CONFIG.encode()).decode()[:40],
+        ),
+        (
+            '{"data": {".dockerconfigjson": "'
+            + base64.b64encode(DOCKER_CONFIG.encode()).decode()
+            + '"}}',
+            base64.b64encode(DOCKER_CONFIG.encode()).decode()[20:60],
+        ),
+        ("model via hf_" + "QwErTyUiOpAsDfGhJkLzXcVbNmQwErTyUi" + " ok", "QwErTyUiOpAsDfGh"),
+        ("export creds " + SESSION_TOKEN + " done", SESSION_TOKEN[20:80]),
+        ("FwoGZXIvYXdzEBYaDH" + "Kq7x" * 40, "Kq7xKq7xKq7x"),
+        ("ssh key:\n" + key_body(RSA_HEAD) + "\nnext step", key_body(RSA_HEAD)[-40:]),
+        ("key " + key_body(EC_HEAD, 100) + "\n", key_body(EC_HEAD, 100)[-30:]),
+        (json.dumps({"k": key_body(PKCS8_HEAD)}), key_body(PKCS8_HEAD)[-40:]),
+        ("notify 110201543:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsawXy done", "AAHdqTcvCH1vGWJx"),
+        (
+            "POST https://api.telegram.org/bot110201543:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsa/send",
+            "dqTcvCH1",
+        ),
+        ("discord " + DISCORD_ID + ".GhIjKl.Abc1Def2Ghi3Jkl4Mno5Pqr6Stu7Vw", "Abc1Def2Ghi3"),
+    ],
+)
+def test_forms_ci_logs_carry_are_scrubbed(text, secret):
+    out = scrub_text(text)
+    assert secret not in re.sub(r"<redacted:[0-9a-f]{16}>", "<redacted>", out), out
+    assert "<redacted:" in out, out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "HEAD is now at 4b825dc642cb6eb9a060e54bf8d69288fbee4904 fix: tokens",
+        "torch==2.5.1 \\\n    --hash=sha256:" + "0a1b" * 16 + " \\\n    --hash=sha256:" + "9f" * 32,
+        "digest 3f786850e387550fdab836ed7e6dc881de23001b",  # a bare 40-hex, no secret near
+        "docker run -u 1000:1000 --user 1000:1000 img && python -u train.py && pip install -U x",
+        "wandb login --relogin --host https://wandb.example.com",
+        "wandb: Appending key for api.wandb.ai to your netrc file: /root/.netrc",
+        "hf_hub_download hf_transfer_is_enabled_for_the_run",
+        # public material: a certificate's and a public key's bodies, a JSON base64 with no secret
+        "MIIBbjCCAROgAwIBAgIUUcml0lNe3pdJ4msA5eEKDW+Wng0wCgYIKoZIzj0EAwIw",
+        "MCowBQYDK2VwAyEA/JX6UaRe+2aRO1Dq8yfhSJwbSdKDTjca1LqyZbb2nZo=",
+        "cfg " + base64.b64encode(b'{"auths": {"ghcr.io": {}}, "n": 1}').decode(),
+    ],
+)
+def test_what_stays_readable_in_ci_logs(text):
+    assert scrub_text(text) == text

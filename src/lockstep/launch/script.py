@@ -43,6 +43,7 @@ from lockstep.launch.forensics import (
 from lockstep.launch.forkserver import start_forkserver
 from lockstep.launch.progress import StepReader, watching
 from lockstep.launch.ranks import free_port, run_command, run_launcher
+from lockstep.redact import scrubbing_fifo
 
 
 def _torchrun(argv, nproc, log, *, env, timeout, cwd, watch, run_path, forensics=None):
@@ -200,7 +201,9 @@ def launch(
     first_step: tuple[float, Path] | None = None,
 ) -> Exit:
     """Run `argv` on `nproc` local ranks through `LAUNCHERS[launcher]`, every rank's output
-    redacted into `log`. `watch(pid)`, a context manager, runs around the launch (the gate's
+    and the launcher's into `log` (0600) scrubbed as it is written: the launcher writes into a
+    pipe that lockstep reads (`redact.scrubbing_fifo`), so no secret reaches the disk, not even
+    when lockstep is killed. `watch(pid)`, a context manager, runs around the launch (the gate's
     process monitor); `env` is the ranks' whole environment. `forensics`: a folder for the
     ranks' flight-recorder dumps (emptied first; `lockstep.forensics`). `first_step`
     (seconds, a metrics file): the launch is killed when the file shows no step by then
@@ -212,8 +215,11 @@ def launch(
         hang.clear(forensics)
     if run_path and first_step is not None:
         start_forkserver()  # before the deadline's killer: the server outlives this launch
-    with _first_step_deadline(first_step, log, forensics, nproc) as missed:
-        code = LAUNCHERS[launcher](argv, nproc, log, env=env, timeout=timeout, cwd=cwd,
+    with (
+        scrubbing_fifo(log) as output,
+        _first_step_deadline(first_step, log, forensics, nproc) as missed,
+    ):
+        code = LAUNCHERS[launcher](argv, nproc, output, env=env, timeout=timeout, cwd=cwd,
                                    watch=watch, run_path=run_path,
                                    forensics=forensics)  # fmt: skip
     if missed:
@@ -237,8 +243,8 @@ def log_tail(text: str, lines: int = 5) -> list[str]:
 def _first_step_deadline(first_step: tuple[float, Path] | None, log: Path,
                          forensics: Path | None, nproc: int):  # fmt: skip
     """While inside: when `first_step`'s metrics file shows no step `first_step[0]` seconds in,
-    the log's tail then goes into the list it yields (redacted: the log itself is only once
-    the launch ends), the ranks are asked for their flight recorders' dumps (a rank stuck in
+    the log's tail then goes into the list it yields (scrubbed once more, though the log is
+    as it is written), the ranks are asked for their flight recorders' dumps (a rank stuck in
     a collective before its first step is named), and every process started inside is
     killed, again until the block ends (a rank forked late too)."""
     missed: list[list[str]] = []

@@ -6,12 +6,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
 from lockstep.redact.names import is_secret_name, redacted
+from lockstep.redact.stream import scrubbing_fifo
 from lockstep.redact.text import SHORT_FLAG_PLAIN, scrub_text
 
 
@@ -57,17 +59,23 @@ def scrub_file(path: str | os.PathLike) -> bool:
 
 @contextlib.contextmanager
 def scrubbed_log(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """A new file at `path`, open for appending, for children's stdout/stderr (every writer
-    appends, so a process that opens it again writes after, not over, the others); when the
-    block ends, however it ends (a timeout's kill too), it is scrubbed before anything reads or
-    quotes it."""
-    try:
-        open(path, "wb").close()
-        with open(path, "ab") as out:
+    """A stream for children's stdout/stderr (they inherit it; a pipe keeps every writer's
+    output in the order written) whose text lands in the new file `path`, 0600, scrubbed as it
+    is written (`stream.scrubbing_fifo`): no moment leaves a secret on disk. Given a pipe
+    `scrubbing_fifo` made (a launch's, `launch.script.launch`), it writes into that one."""
+    if _is_fifo(path):
+        with open(path, "wb") as out:
             yield out
-    finally:
-        if os.path.isfile(path):
-            scrub_file(path)
+        return
+    with scrubbing_fifo(path) as fifo, open(fifo, "wb") as out:
+        yield out
+
+
+def _is_fifo(path: str | os.PathLike) -> bool:
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 class _ScrubRecords(logging.Filter):

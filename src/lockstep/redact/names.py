@@ -35,6 +35,9 @@ _PLAIN_KEYS = frozenset(
 _NOT_A_VALUE = frozenset(
     {"ERROR", "EXCEPTION", "WARNING", "FILE", "PATH", "DIR", "COMMAND", "CMD", "TYPE", "INFO"}
 )
+# One word that ends in one of these names a secret too: Docker's `identitytoken` and
+# `registrytoken`, `clientsecret`, `dbpassword` (a name written without separators).
+_SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _PARTS = re.compile(r"[^A-Z0-9]+")
 
@@ -66,7 +69,8 @@ def _secret_name(name: str) -> bool:
         if p != "KEY" or i == 0 or singular[i - 1] not in _PLAIN_KEYS
     }
     joined = {a + b for a, b in itertools.pairwise(singular)}
-    return bool(_WORDS.intersection(words) or _WORDS.intersection(joined))
+    glued = any(p.endswith(_SUFFIXES) for p in singular)
+    return bool(glued or _WORDS.intersection(words) or _WORDS.intersection(joined))
 
 
 def fingerprint_of(value: object) -> str:

@@ -7,7 +7,9 @@ import base64
 import binascii
 import os
 import re
+import stat
 
+from lockstep.redact.forms import pem_bodies, user_passwords, wandb_logins
 from lockstep.redact.names import is_secret_name, redacted
 
 # Upper-case verdicts that open a line of lockstep's own (`PASS: ...`): `PASS` is no password there.
@@ -25,10 +27,14 @@ _USER = re.compile(r"[^\s/@:]*")
 _AT_HOST = re.compile(r"@(?!sha(?:256|384|512):)(?=[A-Za-z0-9\[][\w.\-\]:]*(?:[/?#:\s\"',;)]|$))")
 # Tokens whose shape alone says what they are, wherever they stand.
 _TOKEN_SHAPES = re.compile(
-    r"(?<![\w-])(?:"
+    r"(?:(?<![\w-])|(?<=/bot))(?:"  # (a Telegram bot's token in its API's URL)
     r"gh[pousr]_[A-Za-z0-9]{20,}"  # GitHub
     r"|github_pat_[A-Za-z0-9_]{20,}"
-    r"|hf_(?=[A-Za-z]*\d)[A-Za-z0-9]{20,}"  # Hugging Face
+    r"|hf_(?=[A-Za-z]*\d)[A-Za-z0-9]{20,}|(?:hf|api_org)_[A-Za-z0-9]{34}(?!\w)"  # Hugging Face
+    r"|\d{5,16}:A[\w-]{32,36}(?![\w-])"  # Telegram bots
+    r"|[MNO](?=[A-Za-z_-]*\d)[\w-]{23,25}\.[\w-]{6}\.[\w-]{27,38}(?![\w-])"  # Discord bots
+    # AWS session tokens: base64 of a binary blob naming `origin_ec` or `er/aws` early on
+    r"|(?<![+/=])[A-Za-z0-9+/]{4}(?:b3JpZ2luX2Vj|ZXIvYXdz)[A-Za-z0-9+/]{80,}={0,2}"
     r"|sk-(?=[A-Za-z_-]*\d)[A-Za-z0-9_-]{20,}"  # OpenAI, Anthropic
     r"|[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"  # Stripe
     r"|xox[abposre]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,}"  # Slack
@@ -320,11 +326,36 @@ def add_secret_value(value: str) -> None:
 
 
 def _known_values(text: str) -> str:
-    env = os.environ.get(_KEY_ENV, "").strip()
-    for value in _KNOWN | ({env} if len(env) >= _MIN_KNOWN else set()):
+    env = {os.environ.get(_KEY_ENV, "").strip(), _key_file_text()}
+    for value in _KNOWN | {v for v in env if len(v) >= _MIN_KNOWN}:
         if value in text:
             text = text.replace(value, redacted(value))
     return text
+
+
+# The job key's file (`LOCKSTEP_JOB_KEY_FILE`) counts too: its text, read once a process per
+# path, so a process that never loaded the key (one the job runs after preflight, a report
+# writer) keeps it out as well. A regular file only, without blocking, at most 4 KiB.
+_KEY_FILE_ENV = "LOCKSTEP_JOB_KEY_FILE"
+_FILE_KEYS: dict[str, str] = {}
+
+
+def _key_file_text() -> str:
+    path = os.environ.get(_KEY_FILE_ENV, "")
+    if path and path not in _FILE_KEYS:
+        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOCTTY | os.O_NONBLOCK
+        try:
+            fd = os.open(path, flags)
+        except OSError:
+            return ""  # not cached: the file may appear later
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                _FILE_KEYS[path] = os.read(fd, 4096).decode(errors="replace").strip()
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return _FILE_KEYS.get(path, "")
 
 
 def scrub_text(text: str) -> str:
@@ -334,6 +365,7 @@ def scrub_text(text: str) -> str:
         text = str(text)
     text = _known_values(text)
     text = _PEM.sub(lambda m: redacted(m.group(0)), text)
+    text = pem_bodies(text)
     if ":" in text:
         text = _blocks(text)
     if "://" in text and "@" in text:
@@ -342,6 +374,7 @@ def scrub_text(text: str) -> str:
         )
     text = _WEBHOOK.sub(lambda m: m.group(0)[: m.start("v") - m.start()] + redacted(m["v"]), text)
     text = _TOKEN_SHAPES.sub(lambda m: redacted(m.group(0)), text)
+    text = wandb_logins(user_passwords(text))
     if "password" in text:
         text = _NETRC.sub(_group_v, text)
     if "-p" in text:
@@ -368,12 +401,18 @@ def _mysql_line(line: str) -> str:
 
 
 def _basic_credentials(m: re.Match) -> str:
-    """A base64 word redacted when it decodes to printable `user:secret`, else left as it is."""
+    """A base64 word redacted when it decodes to printable `user:secret`, or to JSON with a
+    secret inside (a Kubernetes `.dockerconfigjson`, whose `auth` is base64 again: each level
+    is 3/4 of the one above, so the scrub stays linear); else left as it is."""
     try:
-        decoded = base64.b64decode(m.group(0), validate=True).decode("ascii")
+        decoded = base64.b64decode(m.group(0), validate=True).decode("utf-8")
     except (binascii.Error, UnicodeDecodeError):
         return m.group(0)
-    return redacted(m.group(0)) if _BASIC.fullmatch(decoded) else m.group(0)
+    if _BASIC.fullmatch(decoded):
+        return redacted(m.group(0))
+    if decoded.lstrip().startswith(("{", "[")) and scrub_text(decoded) != decoded:
+        return redacted(m.group(0))
+    return m.group(0)
 
 
 def escape_controls(name: str) -> str:
