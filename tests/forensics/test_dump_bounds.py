@@ -1,24 +1,17 @@
 """Dumps crafted past the reader's bounds (`lockstep.forensics.bounds`): `lockstep forensics hang`
 takes at most 256 MiB and 10 s whatever a folder holds, and says what is past a bound in one
-line with exit 2, never a traceback.
-
-The CLI runs in a process of its own, its address space limited to 1 GiB (a regression fails
-there instead of taking the machine's memory), and says its peak resident memory as it exits
-(VmHWM: its own, not the forked parent's that `wait4` would count).
-"""
+line with exit 2, never a traceback. The CLI runs in a process of its own (`hang_cli`)."""
 
 from __future__ import annotations
 
 import json
 import pickle
-import subprocess
-import sys
-import time
 import tracemalloc
 from pathlib import Path
 
 import pytest
 
+from forensics.hang_cli import hang_cli, one_line
 from lockstep.cli import main
 from lockstep.forensics import analysis, bounds, dumps, unpickle
 from support.flight_recorder import (
@@ -30,35 +23,9 @@ from support.flight_recorder import (
     pickled,
 )
 
-RUN = """
-import atexit, resource, runpy, sys
-resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))
-def peak(path=sys.argv.pop(1)):
-    status = open("/proc/self/status").read()
-    open(path, "w").write(status.split("VmHWM:")[1].split()[0])
-atexit.register(peak)
-sys.argv[0] = "lockstep"
-runpy.run_module("lockstep", run_name="__main__")
-"""
-
 
 def _hang(folder: Path, *args: str, timeout: float = 60.0):
-    """`lockstep forensics hang FOLDER ARGS` in a process of its own: its exit code, stdout,
-    stderr, peak resident memory (bytes) and wall time; killed past `timeout`."""
-    out, err, hwm = (folder.parent / name for name in ("out.txt", "err.txt", "hwm.txt"))
-    start = time.monotonic()
-    argv = [sys.executable, "-c", RUN, str(hwm), "forensics", "hang", str(folder), *args]
-    with open(out, "w") as o, open(err, "w") as e:
-        proc = subprocess.run(argv, stdout=o, stderr=e, timeout=timeout, check=False)
-    took = time.monotonic() - start
-    peak = int(hwm.read_text()) * 1024 if hwm.exists() else None
-    return proc.returncode, out.read_text(), err.read_text(), peak, took
-
-
-def _one_line(stderr: str) -> str:
-    lines = stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("lockstep: error: "), stderr[-2000:]
-    return lines[0]
+    return hang_cli(folder, *args, tmp=folder.parent, timeout=timeout)
 
 
 def _folder(tmp_path: Path, **files: bytes) -> Path:
@@ -79,7 +46,7 @@ def test_a_tiny_pickle_with_a_huge_memo_index(tmp_path, crafted):
     assert len(crafted) <= 17
     code, out, err, peak, took = _hang(_folder(tmp_path, rank_0=crafted))
     assert code == 2 and out == ""
-    assert "rank_0: memo index" in _one_line(err)
+    assert "rank_0: memo index" in one_line(err)
     assert peak < 256 * 2**20 and took < 10, (peak, took)
 
 
@@ -101,7 +68,7 @@ def test_a_sequence_number_past_torchs_int64(tmp_path):
     folder = _folder(tmp_path, rank_0=far_apart(seq=2**64), rank_1=far_apart())
     code, out, err, _, _ = _hang(folder)
     assert code == 2 and out == ""
-    assert "rank_0: entry 1's collective_seq_id 18446744073709551616 outside" in _one_line(err)
+    assert "rank_0: entry 1's collective_seq_id 18446744073709551616 outside" in one_line(err)
 
 
 @pytest.mark.parametrize("kind", ["pickle", "json"])
@@ -111,7 +78,7 @@ def test_deep_nesting(tmp_path, kind):
     crafted = nested_pickle(100_000) if kind == "pickle" else nested_json(100_000)
     code, out, err, peak, _ = _hang(_folder(tmp_path, rank_0=crafted))
     assert code == 2 and out == ""
-    assert "nested over 32 deep" in _one_line(err)
+    assert "nested over 32 deep" in one_line(err)
     assert peak < 256 * 2**20
     for depth, readable in ((29, True), (30, False)):  # in 3: 32 and 33 deep (torch's: 5)
         data = nested_pickle(depth) if kind == "pickle" else nested_json(depth)
@@ -134,7 +101,7 @@ CLAIMS = {
 def test_lengths_claimed_past_the_pickle(tmp_path, crafted):
     code, out, err, peak, _ = _hang(_folder(tmp_path, rank_0=crafted))
     assert code == 2 and out == ""
-    line = _one_line(err)
+    line = one_line(err)
     assert "rank_0: " in line and (
         "where" in line or "past the end" in line or "(at most 256)" in line
     )
@@ -148,11 +115,11 @@ def test_huge_numbers_of_ranks_claimed(tmp_path):
     d["pg_config"]["0"]["ranks"] = "[0, 1, 2, 3, 100000000000]"
     code, out, err, peak, _ = _hang(_folder(tmp_path, rank_0=pickled(d), rank_1=pickled(d)))
     assert code == 2 and out == ""
-    assert "pg_config[0] names a rank outside 0..65535" in _one_line(err)
+    assert "pg_config[0] names a rank outside 0..65535" in one_line(err)
     good = _folder(tmp_path / "b", rank_0=pickled(dump(2, ["all_reduce"])))
     code, out, err, peak, _ = _hang(good, "--world", str(10**12))
     assert code == 2 and out == ""
-    assert "--world must be 1..65536" in _one_line(err)
+    assert "--world must be 1..65536" in one_line(err)
     assert peak < 256 * 2**20
 
 
@@ -163,7 +130,7 @@ def test_a_dump_file_claimed_over_256_mib_by_its_size(tmp_path):
         f.truncate(300 * 2**20)
     code, out, err, peak, _ = _hang(folder)
     assert code == 2 and out == ""
-    assert "rank_0: 300 MiB, over the 64 MiB a dump may be" in _one_line(err)
+    assert "rank_0: 300 MiB, over the 64 MiB a dump may be" in one_line(err)
     assert peak < 64 * 2**20
 
 
@@ -173,7 +140,7 @@ def test_the_folders_dumps_share_one_budget(tmp_path, monkeypatch, capsys):
     history = ["all_reduce", "all_gather"] * 100
     folder = _folder(tmp_path, **{f"rank_{r}": pickled(dump(8, history)) for r in range(8)})
     assert main(["forensics", "hang", str(folder)]) == 2
-    line = _one_line(capsys.readouterr().err)
+    line = one_line(capsys.readouterr().err)
     assert ": over the 1 MiB lockstep reads a folder of dumps within" in line
     monkeypatch.setattr(bounds, "MAX_SECONDS", 0.0)
     monkeypatch.setattr(bounds, "MAX_MEMORY", 256 * 2**20)
@@ -193,18 +160,18 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("crafted", MALFORMED.values(), ids=MALFORMED.keys())
-def test_a_dump_of_the_wrong_types_is_one_line(tmp_path, capsys, crafted):
+def test_a_dump_of_the_wrong_types_isone_line(tmp_path, capsys, crafted):
     folder = _folder(tmp_path, rank_0=pickle.dumps(crafted), rank_1=json.dumps(crafted).encode())
     assert main(["forensics", "hang", str(folder)]) == 2
-    line = _one_line(capsys.readouterr().err)
+    line = one_line(capsys.readouterr().err)
     assert "no flight-recorder dump read (rank_0: not a dump" in line
     assert "; rank_1: not a dump" in line
 
 
-def test_a_name_with_control_characters_is_one_line(tmp_path, capsys):
+def test_a_name_with_control_characters_isone_line(tmp_path, capsys):
     folder = _folder(tmp_path, **{"bad\nname_0": b"\x00garbage"})
     assert main(["forensics", "hang", str(folder)]) == 2
-    assert "bad\\nname_0: not a dump" in _one_line(capsys.readouterr().err)
+    assert "bad\\nname_0: not a dump" in one_line(capsys.readouterr().err)
 
 
 N = 5_000

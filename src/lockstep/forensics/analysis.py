@@ -10,6 +10,9 @@ greedily from the first rank and blames the normal ranks when rank 0 is the culp
 is broken by the collective the run's own history predicts at that number (the op that
 followed the previous one last time), and ranks that never reached it are the odd ones
 against ranks that wait in it.
+
+Every walk reads `clock` (it raises past the reader's deadline) as it goes: the entries
+walked may be one entry many times over, and a walk is in proportion to them.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ class Report:
     problems: list[str] = field(default_factory=list)
     # Ranks whose dump holds no collective at all: nothing of theirs was compared.
     empty: list[int] = field(default_factory=list)
+    dead = ""  # not a field: why the reader gave no report (`hang.report`)
 
     @property
     def judged(self) -> bool:
@@ -104,16 +108,16 @@ def analyse(dumps: dict[int, dict], *, stacks: dict[int, str] | None = None,
             world: int | None = None, problems: list[str] | None = None,
             clock=None) -> Report:  # fmt: skip
     """The report for `dumps` (rank -> a dump's dict); `world`: ranks expected (0..world-1).
-    `clock()`, called for each rank and process group, raises past a deadline (the time
-    taken is in proportion to the entries, whatever their sequence numbers)."""
+    `clock()`, read in every walk, raises past a deadline (the time taken is in proportion to
+    the entries, whatever their sequence numbers)."""
     stacks, clock = stacks or {}, clock or (lambda: None)
     groups: dict[str, dict[int, _RankView]] = {}
     members: dict[str, set[int]] = {}
     for rank, data in dumps.items():
-        clock()
-        for name, view in _views(data).items():
+        for name, view in _views(data, clock).items():
             groups.setdefault(name, {})[rank] = view
         for name, config in (data.get("pg_config") or {}).items():
+            clock()
             members.setdefault(_pg_key(name, config), set()).update(_parse_ranks(config))
     expected = set(range(world)) if world else set()
     for ranks in members.values():
@@ -121,15 +125,15 @@ def analyse(dumps: dict[int, dict], *, stacks: dict[int, str] | None = None,
     no_dump = sorted(expected - set(dumps))
     findings = []
     for name, views in sorted(groups.items()):
-        clock()
-        _completed_by_peers(views)
-        found = _finding(name, views)
+        _completed_by_peers(views, clock)
+        found = _finding(name, views, clock)
         if found:
             found.stacks = {r: _main_stack(stacks[r]) for r in found.odd if stacks.get(r)}
             findings.append(found)
     if no_dump and findings:
         for f in findings:
             f.headline += f"; no dump from {ranks_text(no_dump)}"
+    clock()
     versions = {r: str(d.get("version", "unknown")) for r, d in sorted(dumps.items())}
     empty = [r for r, d in sorted(dumps.items()) if not d.get("entries")]
     return Report(findings, no_dump, versions, problems or [], empty)
@@ -150,11 +154,12 @@ def _pg_key(name, config) -> str:
     return f"{shown(name, 200)} ({shown(desc, 200)})" if desc else shown(name, 200)
 
 
-def _views(data: dict) -> dict[str, _RankView]:
+def _views(data: dict, clock) -> dict[str, _RankView]:
     status = data.get("pg_status") or {}
     by_pg: dict[str, dict[int, dict]] = {}
     names: dict[str, str] = {}
     for e in data.get("entries") or []:
+        clock()
         if e.get("is_p2p") or not e.get("collective_seq_id"):
             continue
         pg = e.get("process_group") or (str(e.get("pg_id", 0)), "")
@@ -163,6 +168,7 @@ def _views(data: dict) -> dict[str, _RankView]:
         by_pg.setdefault(key, {})[int(e["collective_seq_id"])] = e
     views = {}
     for key, entries in by_pg.items():
+        clock()
         st = status.get(names[key]) or status.get(str(next(iter(entries.values())).get("pg_id")))
         last = max(entries)
         done = [s for s, e in entries.items() if e.get("state") == "completed"]
@@ -189,7 +195,7 @@ SYMMETRIC = frozenset({
 })  # fmt: skip
 
 
-def _completed_by_peers(views: dict[int, _RankView]) -> None:
+def _completed_by_peers(views: dict[int, _RankView], clock) -> None:
     """A rank's completed count raised through the symmetric collectives (`SYMMETRIC`) another
     rank of the group completed: gloo's `last_completed_collective` can lag a rank's progress
     at the moment of its dump (a rank blocked in all_reduce #5 read as completed #2, while its
@@ -198,11 +204,13 @@ def _completed_by_peers(views: dict[int, _RankView]) -> None:
     done: dict[int, set[str]] = {}  # seq -> the ops some rank completed there
     for view in views.values():
         for seq, entry in view.entries.items():
+            clock()
             if seq <= view.completed:
                 done.setdefault(seq, set()).add(_op(entry))
     for view in views.values():  # a rank past its own completed count: only peers' are there
         seq = view.completed + 1
         while seq <= view.last and seq in view.entries:
+            clock()
             op = _op(view.entries[seq])
             if op not in SYMMETRIC or op not in done.get(seq, ()):
                 break
@@ -211,7 +219,7 @@ def _completed_by_peers(views: dict[int, _RankView]) -> None:
 
 
 def _op(entry: dict) -> str:
-    name = str(entry.get("profiling_name", "?"))
+    name = str(entry.get("profiling_name", "?"))[:400]  # one string, many entries: cut first
     return shown(name.split(":", 1)[1] if ":" in name else name, 200)
 
 
@@ -220,10 +228,10 @@ def _signature(entry: dict) -> tuple:
             json.dumps(entry.get("output_sizes")), json.dumps(entry.get("output_dtypes")))  # fmt: skip
 
 
-def _finding(name: str, views: dict[int, _RankView]) -> Finding | None:
+def _finding(name: str, views: dict[int, _RankView], clock) -> Finding | None:
     fronts = {r: (v.pending() or v.last + 1) for r, v in views.items()}
     seq = min(fronts.values())
-    parted = _first_disagreement(views, min(v.last for v in views.values()) + 1)
+    parted = _first_disagreement(views, min(v.last for v in views.values()) + 1, clock)
     if parted is not None:
         seq = parted  # the first collective the ranks did not agree on, pending or not
     elif not any(v.pending() for v in views.values()):
@@ -231,6 +239,7 @@ def _finding(name: str, views: dict[int, _RankView]) -> Finding | None:
     by_sig: dict[tuple, list[int]] = {}
     entry_of: dict[tuple, dict] = {}
     for rank, view in sorted(views.items()):
+        clock()
         entry = view.entries.get(seq)
         if entry is None:
             sig = (NOT_REACHED,) if view.last < seq else ("unknown",)
@@ -252,7 +261,7 @@ def _finding(name: str, views: dict[int, _RankView]) -> Finding | None:
         g = groups[0]
         return Finding(name, seq, groups, [], g.ranks,
                        f"{ranks_text(g.ranks)} {_verb('wait in', g)} {g.op} #{seq}", "all waiting")  # fmt: skip
-    predicted = _predicted(views, seq)
+    predicted = _predicted(views, seq, clock)
     major = _majority(groups, predicted)
     odd = sorted(r for g in groups if g is not major for r in g.ranks)
     minors = [g for g in groups if g is not major]
@@ -290,22 +299,22 @@ def _finding(name: str, views: dict[int, _RankView]) -> Finding | None:
     return Finding(name, seq, groups, odd, major.ranks, headline, ", ".join(dict.fromkeys(kinds)))
 
 
-def last_agreed(dumps: dict[int, dict]) -> tuple[str, int, Group] | None:
+def last_agreed(dumps: dict[int, dict], clock=lambda: None) -> tuple[str, int, Group] | None:
     """The last collective every rank in `dumps` entered, the same on all (per process group,
     the default one first): (process group, sequence number, the ranks' Group); None when
     they hold none in common. Where a rank that left no dump died (gloo aborts a rank whose
     message size differs) when the others went no further."""
     groups: dict[str, dict[int, _RankView]] = {}
     for rank, data in dumps.items():
-        for name, view in _views(data).items():
+        for name, view in _views(data, clock).items():
             groups.setdefault(name, {})[rank] = view
     for name, views in sorted(groups.items()):
         if len(views) != len(dumps):
             continue
-        _completed_by_peers(views)
+        _completed_by_peers(views, clock)
         seq = min(v.last for v in views.values())
         entries = [v.entries.get(seq) for v in views.values()]
-        if any(e is None for e in entries) or len({_signature(e) for e in entries}) != 1:
+        if any(e is None for e in entries) or len(_signatures(entries, clock)) != 1:
             continue
         e = entries[0]
         done = all(v.completed >= seq for v in views.values())
@@ -315,7 +324,7 @@ def last_agreed(dumps: dict[int, dict]) -> tuple[str, int, Group] | None:
     return None
 
 
-def _first_disagreement(views: dict[int, _RankView], before: int) -> int | None:
+def _first_disagreement(views: dict[int, _RankView], before: int, clock) -> int | None:
     """The first sequence number below `before` whose entries differ between ranks (sizes
     that differ but fit, which gloo lets through; a rank's status can lag behind its entries),
     among those every rank still holds. Only the numbers the ranks hold are looked at, however
@@ -325,10 +334,19 @@ def _first_disagreement(views: dict[int, _RankView], before: int) -> int | None:
     start = max(min(v.entries) for v in views.values())
     held = sorted({s for v in views.values() for s in v.entries if start <= s < before})
     for s in held:
-        sigs = {_signature(v.entries[s]) for v in views.values() if s in v.entries}
-        if len(sigs) > 1:
+        if len(_signatures([v.entries.get(s) for v in views.values()], clock)) > 1:
             return s
     return None
+
+
+def _signatures(entries: list, clock) -> set[tuple]:
+    """The distinct signatures of `entries` (None: none), the clock read before each one."""
+    sigs = set()
+    for e in entries:
+        clock()
+        if e is not None:
+            sigs.add(_signature(e))
+    return sigs
 
 
 def _verb(where: str, group: Group) -> str:
@@ -341,11 +359,12 @@ def _verb(where: str, group: Group) -> str:
     return where
 
 
-def _predicted(views: dict[int, _RankView], seq: int) -> tuple[str, str | None] | None:
+def _predicted(views: dict[int, _RankView], seq: int, clock) -> tuple[str, str | None] | None:
     """From the history every rank agrees on: the op expected at `seq` (what followed the op
     at seq-1 the last time it ran before) and the op expected after that."""
     common = {}
     for s in range(seq - 1, 0, -1):
+        clock()
         ops = {_op(v.entries[s]) if s in v.entries else None for v in views.values()}
         if len(ops) != 1 or None in ops:
             break
@@ -354,6 +373,7 @@ def _predicted(views: dict[int, _RankView], seq: int) -> tuple[str, str | None] 
         return None
     prev = common[seq - 1]
     for t in range(seq - 2, 0, -1):
+        clock()
         if t not in common:
             break
         if common[t] == prev:

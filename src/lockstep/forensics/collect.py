@@ -4,10 +4,12 @@ asking every live rank for its dump when a run times out (`request`)."""
 from __future__ import annotations
 
 import os
+import stat
 import time
 from pathlib import Path
 
 from lockstep.compat import FR_BUFFER_ENV
+from lockstep.forensics.bounds import MAX_BYTES, DumpError, read_regular
 from lockstep.forensics.recorder import DIR_ENV, PID_ENV, TRIGGER
 
 SITE = Path(__file__).resolve().parent / "site"
@@ -38,8 +40,8 @@ def request(folder: Path, nproc: int, wait: float = 5.0) -> list[int]:
     `nproc` of them; the ranks that answered."""
     (folder / TRIGGER).touch()
     deadline = time.monotonic() + wait
-    while True:
-        answered = answered_ranks(folder)
+    while True:  # only the ranks asked: a script can put any name in the folder
+        answered = [r for r in answered_ranks(folder) if r < nproc]
         if len(answered) >= nproc or time.monotonic() > deadline:
             return answered
         time.sleep(0.1)
@@ -52,8 +54,25 @@ def answered_ranks(folder: Path) -> list[int]:
 
 def scrub(folder: Path) -> None:
     """Redact the ranks' Python stacks in `folder` once the launch is over (a stack quotes the
-    source line and the exception's message, which may hold a secret), as the run's log is."""
-    from lockstep.redact import scrub_file
+    source line and the exception's message, which may hold a secret), as the run's log is.
+    Regular files only, opened without blocking and never through a link: a rank may have
+    left a FIFO under that name (`dumps` refuses to read one too)."""
+    from lockstep.redact import scrub_text
 
     for path in folder.glob("rank_*.stacks"):
-        scrub_file(path)
+        try:
+            data = read_regular(path, MAX_BYTES, cut=True)
+        except (OSError, DumpError):
+            continue
+        text = data.decode("utf-8", "replace")
+        clean = scrub_text(text)
+        if clean == text and len(data) < MAX_BYTES:
+            continue
+        flags = os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags)
+        except OSError:
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                out.write(clean)  # past MAX_BYTES, cut: no faulthandler dump is that long

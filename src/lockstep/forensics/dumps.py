@@ -6,7 +6,9 @@ Formats read: torch's `_dump_fr_trace()` / `TORCH_FR_DUMP_TEMP_FILE` pickles, ve
 "2.x" (2.10 in torch 2.13; older ones lack `pg_status`, which `analysis` then infers from
 each entry's `state`), and their JSON form (`_dump_nccl_trace_json`, whose `pg_status`
 numbers are strings). A dump read is checked (`checked`): the fields `analysis` uses have
-the types torch writes, so that no dump makes the analysis raise.
+the types torch writes, so that no dump makes the analysis raise, and an entry's sizes and
+dtypes are bounded (`MAX_SIZES`, `MAX_DTYPE`: the analysis renders them). Every file is read as
+a regular file (`bounds.read_regular`): a FIFO named `rank_0.stacks` blocked the reader.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,16 +24,18 @@ from lockstep.forensics import unpickle
 from lockstep.forensics.bounds import (
     MAX_BYTES,
     MAX_DEPTH,
+    MAX_DTYPE,
     MAX_FILES,
     MAX_RANKS,
     MAX_SEQ,
+    MAX_SIZES,
     MAX_STACKS,
     NAME_COST,
     Budget,
     DumpError,
     OutOfBounds,
     json_cost,
-    mib,
+    read_regular,
     shown,
 )
 
@@ -53,7 +58,7 @@ def loads(data: bytes, budget: Budget | None = None) -> dict:
         _json_depth(obj)
     else:
         obj = unpickle.load(data, budget)
-    return checked(obj)
+    return checked(obj, budget.clock)
 
 
 def _json_depth(obj) -> None:
@@ -67,18 +72,21 @@ def _json_depth(obj) -> None:
                  if isinstance(c, dict | list)]  # fmt: skip
 
 
-def checked(obj) -> dict:
+def checked(obj, clock: Callable[[], None] = lambda: None) -> dict:
     """`obj` if it is a dump whose fields `analysis` uses have torch's types (`pg_status`'s
     numbers made ints, `pg_config`'s ranks a list); DumpError naming the first field that has
-    not, OutOfBounds for a sequence number past torch's int64 or a rank past MAX_RANKS."""
+    not, OutOfBounds for a sequence number past torch's int64, a rank past MAX_RANKS, sizes or
+    dtypes past MAX_SIZES, MAX_DTYPE; `clock()` for each entry (one can be many times shared)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("entries"), list):
         raise DumpError("not a flight-recorder dump (no 'entries' list)")
     if not isinstance(obj.get("version", ""), str | int | float):
         raise DumpError("not a dump: its version is not a string")
     for i, e in enumerate(obj["entries"]):
+        clock()
         _entry(e, i)
     status = _mapping(obj, "pg_status", "pg_status")
     for name, st in status.items():
+        clock()
         where = f"pg_status[{shown(name)[:80]}]"
         if not isinstance(st, dict):
             raise DumpError(f"not a dump: {where} is not a dict")
@@ -87,6 +95,7 @@ def checked(obj) -> dict:
             if key in st:
                 st[key] = _number(st[key], f"{where}'s {key}", lowest=-1)
     for name, config in _mapping(obj, "pg_config", "pg_config").items():
+        clock()
         if isinstance(config, dict):
             config["ranks"] = _ranks(config.get("ranks"), f"pg_config[{shown(name)[:80]}]")
             if not isinstance(config.get("desc", ""), str):
@@ -114,20 +123,30 @@ def _entry(e, i: int) -> None:
     if pg is not None and not (1 <= len(pg) <= 2 and all(isinstance(p, str) for p in pg)):
         raise DumpError(f"not a dump: entry {i}'s process_group is not (name, desc)")
     for key in ("input_dtypes", "output_dtypes"):
-        if not all(isinstance(d, str) for d in e.get(key) or ()):
+        names = e.get(key) or ()
+        if len(names) > MAX_SIZES:
+            raise OutOfBounds(f"entry {i}'s {key}: over {MAX_SIZES} of them")
+        if not all(isinstance(d, str) for d in names):
             raise DumpError(f"not a dump: entry {i}'s {key} are not strings")
+        if any(len(d) > MAX_DTYPE for d in names):
+            raise OutOfBounds(f"entry {i}'s {key}: a name over {MAX_DTYPE} characters")
     for key in ("input_sizes", "output_sizes"):
+        held = 0  # the lists may be one list many times over: counted before walked
         for size in e.get(key) or ():
+            held += 1 + (len(size) if isinstance(size, list) else 0)
+            if held > MAX_SIZES:
+                raise OutOfBounds(f"entry {i}'s {key} hold over {MAX_SIZES} numbers")
             if not isinstance(size, list) or not all(type(n) is int for n in size):
                 raise DumpError(f"not a dump: entry {i}'s {key} are not lists of integers")
 
 
 def _mapping(obj: dict, key: str, where: str) -> dict:
+    """`obj[key]`: a dict of process groups by name (a string: the analysis prints it)."""
     value = obj.get(key)
     if value is None:
         return {}
-    if not isinstance(value, dict):
-        raise DumpError(f"not a dump: {where} is not a dict")
+    if not isinstance(value, dict) or not all(type(name) is str for name in value):
+        raise DumpError(f"not a dump: {where} is not a dict by name")
     return value
 
 
@@ -194,23 +213,27 @@ def load_dir(folder: Path, budget: Budget | None = None,
         return dumps, [str(err)]
     for path in paths:
         match = RANK.search(path.name)
-        if path.name.startswith(".") or not match or not path.is_file():
+        if path.name.startswith(".") or not match:
             continue
+        where = shown(path.name)
         try:
             rank = _rank(match.group(1))
-            data = loads(_read(path, budget, MAX_BYTES), budget)
-            stacks = path.with_name(path.name + ".stacks")
-            text = read_stacks(stacks, budget) if stacks.is_file() else None
+            data = loads(read_regular(path, MAX_BYTES, budget), budget)
+            where = shown(f"{path.name}.stacks")
+            try:
+                text = read_stacks(path.with_name(f"{path.name}.stacks"), budget)
+            except FileNotFoundError:
+                text = None
         except OutOfBounds as err:
             if strict:
-                raise OutOfBounds(f"{shown(path.name)}: {err}") from None
-            problems.append(f"{shown(path.name)}: {err}")
+                raise OutOfBounds(f"{where}: {err}") from None
+            problems.append(f"{where}: {err}")
             continue
         except DumpError as err:
-            problems.append(f"{shown(path.name)}: {err}")
+            problems.append(f"{where}: {err}")
             continue
         except OSError as err:
-            problems.append(f"{shown(path.name)}: {err.strerror or type(err).__name__}")
+            problems.append(f"{where}: {err.strerror or type(err).__name__}")
             continue
         dumps[rank] = Dump(rank, data, text)
     return dumps, problems
@@ -234,26 +257,9 @@ def _rank(digits: str) -> int:
     return int(digits)
 
 
-def _read(path: Path, budget: Budget, limit: int) -> bytes:
-    """At most `limit` bytes of `path` (its size looked at first: a sparse file claims any),
-    charged to `budget`; OutOfBounds past `limit`."""
-    budget.clock()
-    size = path.stat().st_size
-    if size > limit:
-        raise OutOfBounds(f"{mib(size)}, over the {mib(limit)} a dump may be")
-    budget.charge(size)
-    with open(path, "rb") as file:
-        data = file.read(limit + 1)  # a file that grew, or one whose size says nothing (/proc)
-    if len(data) > limit:
-        raise OutOfBounds(f"over the {mib(limit)} a dump may be")
-    budget.charge(len(data) - size)
-    return data
-
-
 def read_stacks(path: Path, budget: Budget) -> str:
-    """The first MAX_STACKS bytes of a rank's `.stacks` (faulthandler's text), charged."""
-    budget.clock()
-    with open(path, "rb") as file:
-        data = file.read(MAX_STACKS)
-    budget.charge(2 * len(data))
+    """The first MAX_STACKS bytes of a rank's `.stacks` (faulthandler's text), charged; a
+    regular file only (`bounds.read_regular`)."""
+    data = read_regular(path, MAX_STACKS, budget, cut=True)
+    budget.charge(len(data))  # decoded: as much again
     return data.decode(errors="replace")

@@ -1,61 +1,110 @@
 """The report on a launch's (or a job's own) folder of flight-recorder dumps: the dumps read
-(`dumps`), analysed (`analysis`), and what the launch's log adds: ranks gloo aborted on a
-size mismatch ("Received data size doesn't match expected size") leave no dump, but the log
-names them and the sizes they saw."""
+(`dumps`) and analysed (`analysis`) in a process of their own (`reader`: a fresh interpreter
+under RLIMIT_AS and RLIMIT_CPU, the floor under the reader's budgets), and what the launch's
+log adds: ranks gloo aborted on a size mismatch ("Received data size doesn't match expected
+size") leave no dump, but the log names them and the sizes they saw."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from lockstep.forensics import analysis, bounds, dumps
-from lockstep.forensics.recorder import TRIGGER
+from lockstep.forensics import analysis, bounds, reader
 
-# gloo's enforce message: "op.preamble.length <= op.nbytes. 8 vs 4. Received data size ..."
-SIZE_MISMATCH = re.compile(r"(\d+) vs (\d+)\. Received data size doesn't match expected size")
-# torchrun's failure summary, one block a rank
-FAILED_RANK = re.compile(r"rank\s*:\s*(\d+) \(local_rank.*?exitcode\s*:\s*(-?\d+)", re.S)
+MISMATCH = "Received data size doesn't match expected size"
+# gloo's enforce message before it: "op.preamble.length <= op.nbytes. 8 vs 4. "
+SIZES = re.compile(r"(\d{1,20}) vs (\d{1,20})\. $")
+# torchrun's failure summary, one block a rank ("rank : 1 (local_rank: 1)", "exitcode : -6");
+# no unbounded gap: the log holds the ranks' own output
+FAILED_RANK = re.compile(
+    r"rank\s*:\s*(\d{1,7}) \(local_rank: \d+\)\n[ \t]*exitcode[ \t]*:[ \t]*(-?\d{1,4})"
+)
+SRC = Path(__file__).resolve().parents[2]  # the folder holding lockstep/
+BOOT = "import sys; sys.path.append(sys.argv[1]); from lockstep.forensics import reader; reader.main(sys.argv[2:])"  # fmt: skip
 
 
 def clear(folder: Path) -> None:
     """An empty dumps folder for a new launch (lockstep owns it)."""
     folder.mkdir(parents=True, exist_ok=True)
     for path in folder.iterdir():
-        if path.is_file():
+        if path.is_symlink() or not path.is_dir():
             path.unlink()
 
 
 def report(folder: Path, log_text: str | None = None, world: int | None = None,
-           strict: bool = False):  # fmt: skip
+           strict: bool = False) -> analysis.Report:  # fmt: skip
     """The `analysis.Report` on the dumps in `folder`; `log_text`, the launch's log, adds the
     ranks gloo aborted on a size mismatch. Within `bounds` whatever the folder holds:
     `strict`, OutOfBounds past one (`lockstep forensics hang`), else a line of the report's
-    problems says so."""
-    budget = bounds.Budget()
-    found, problems = dumps.load_dir(folder, budget, strict)
-    stacks = {r: d.stacks for r, d in found.items() if d.stacks}
-    for seen, path in enumerate(folder.glob("rank_*.stacks")):  # stacks, but no dump
-        rank = path.name[5:-7]
-        if seen > bounds.MAX_FILES:
-            break
-        if not (rank.isdigit() and len(rank) < 7 and int(rank) not in stacks):
-            continue
-        try:
-            stacks[int(rank)] = dumps.read_stacks(path, budget)
-        except bounds.OutOfBounds as err:
-            if strict:
-                raise
-            problems.append(f"{bounds.shown(path.name)}: {err}")
-            break
-        except OSError:
-            continue
-    problems = [p for p in problems if not p.startswith(TRIGGER)]
-    result = analysis.analyse({r: d.data for r, d in found.items()}, stacks=stacks,
-                              world=world, problems=problems,
-                              clock=budget.clock if strict else None)  # fmt: skip
-    if log_text:
-        _aborted(result, log_text, {r: d.data for r, d in found.items()})
+    problems says so; `Report.dead` when the reader gave no report (its process died, the
+    deadline passed)."""
+    options = {"world": world, "strict": strict, "gloo": _gloo(log_text or ""),
+               "memory": bounds.MAX_MEMORY, "seconds": bounds.MAX_SECONDS,
+               "deadline": time.monotonic() + bounds.MAX_SECONDS, "space": bounds.MAX_SPACE,
+               "cpu": bounds.MAX_CPU}  # fmt: skip
+    argv = [sys.executable, "-I", "-S", "-c", BOOT, str(SRC), os.fspath(folder), json.dumps(options)]  # fmt: skip
+    wall = bounds.MAX_CPU + 2
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=wall)
+    except subprocess.TimeoutExpired:
+        return _dead(f"the reader ran past {wall} s and was killed", strict)
+    if done.returncode:
+        return _dead(_death(done), strict)
+    reply = json.loads(done.stdout)
+    return _dead(reply["error"], strict) if "error" in reply else _rebuild(reply["report"])
+
+
+def _death(done: subprocess.CompletedProcess) -> str:
+    """The reader's death, in words, with the limit that killed it."""
+    space, cpu = bounds.mib(bounds.MAX_SPACE), bounds.MAX_CPU
+    last = (done.stderr.decode(errors="replace").strip().splitlines() or [""])[-1]
+    if done.returncode == reader.EXIT_MEMORY or "MemoryError" in last:
+        return f"the reader ran out of its {space} of address space (RLIMIT_AS)"
+    if done.returncode == -signal.SIGXCPU:
+        return f"the reader used up its {cpu} s of CPU (RLIMIT_CPU)"
+    if done.returncode == -signal.SIGKILL:
+        return f"the reader was killed (SIGKILL: past its {cpu} s of CPU, or its {space})"
+    how = f"signal {-done.returncode}" if done.returncode < 0 else f"exit {done.returncode}"
+    return f"the reader died ({how}){': ' + bounds.shown(last, 300) if last else ''}"
+
+
+def _dead(why: str, strict: bool) -> analysis.Report:
+    if strict:
+        raise bounds.OutOfBounds(why)
+    result = analysis.Report([], [], {}, [why])
+    result.dead = why
     return result
+
+
+def _rebuild(d: dict) -> analysis.Report:
+    """The `analysis.Report` the reader wrote as JSON (`dataclasses.asdict`)."""
+    findings = [
+        analysis.Finding(**{**f, "groups": [analysis.Group(**g) for g in f["groups"]],
+                            "stacks": {int(r): s for r, s in f["stacks"].items()}})
+        for f in d["findings"]
+    ]  # fmt: skip
+    versions = {int(r): v for r, v in d["versions"].items()}
+    return analysis.Report(findings, d["no_dump"], versions, d["problems"], d["empty"])
+
+
+def _gloo(text: str) -> list | None:
+    """[received, expected, ranks that died of SIGABRT] when the log shows gloo's abort on a
+    size mismatch. The literal is found first: a regex that starts on digits walked every run
+    of them to its end (quadratic on a log of digits)."""
+    at = text.find(MISMATCH)
+    while at >= 0:
+        sizes = SIZES.search(text, max(0, at - 48), at)
+        if sizes:
+            aborted = [int(r) for r, code in FAILED_RANK.findall(text) if code == "-6"]
+            return [*sizes.groups(), aborted]
+        at = text.find(MISMATCH, at + 1)
+    return None
 
 
 def summary(folder: Path, log_text: str | None = None, world: int | None = None,
@@ -70,47 +119,19 @@ def summary(folder: Path, log_text: str | None = None, world: int | None = None,
     if not folder.is_dir():
         return ""
     result = report(folder, log_text, world)
+    if result.dead:
+        return f"; flight recorder: {result.dead} ({folder})"
     if not result.versions and not any(folder.glob("rank_*.stacks")):
         return ""
     if findings_only and not result.findings:
         return ""
     whole = folder / "report.txt"
-    whole.write_text(scrub_text(result.text()) + "\n")
     headlines = [scrub_text(ln) for ln in result.lines() if not ln.startswith(" ")]
+    try:  # a new file: never through a link or a FIFO a rank left under that name
+        whole.unlink(missing_ok=True)
+        fd = os.open(whole, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "w") as out:
+            out.write(scrub_text(result.text()) + "\n")
+    except OSError as err:
+        return f"; flight recorder: {'; '.join(headlines)} (report.txt: {err.strerror})"
     return f"; flight recorder: {'; '.join(headlines)} (report: {whole})"
-
-
-def _aborted(result, text: str, found: dict[int, dict]) -> None:
-    """Name the ranks gloo aborted on a size mismatch (no dump: the log's exit codes say -6)
-    as the ones whose sizes differ where the others agree, at the collective the others wait
-    in or, when none waits, the last one they all entered (`analysis.last_agreed`)."""
-    sizes = SIZE_MISMATCH.search(text)
-    if not sizes:
-        return
-    aborted = sorted({int(r) for r, code in FAILED_RANK.findall(text) if code == "-6"} - set(found))
-    got, expected = sizes.groups()
-    who = analysis.ranks_text(aborted) if aborted else "a rank"
-    note = (f"{who} aborted in gloo: received {got} bytes where its own call expected "
-            f"{expected} (\"Received data size doesn't match expected size\")")  # fmt: skip
-    if not result.findings and aborted and found:
-        last = analysis.last_agreed(found)
-        if last is not None:
-            name, seq, group = last
-            result.findings.append(
-                analysis.Finding(name, seq, [group], [], group.ranks, "", "sizes differ")
-            )
-    if not result.findings:
-        result.problems.append(note)
-        return
-    f = result.findings[0]
-    if len(f.groups) == 1 and aborted:  # the others agree: the aborted rank's sizes differ
-        g = f.groups[0]
-        f.headline = (
-            f"{who}'s {g.op} #{f.seq} differs in size: {note}; "
-            f"{analysis.ranks_text(g.ranks)} entered {g.op} #{f.seq} with "
-            f"{analysis.sizes_text(g.input_sizes, g.input_dtypes)}"
-        )
-        f.odd, f.kind = aborted, "sizes differ"
-        result.no_dump = [r for r in result.no_dump if r not in aborted]
-    else:
-        f.headline += f"; {note}"

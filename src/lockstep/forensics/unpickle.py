@@ -14,25 +14,39 @@ strings and numbers, a slot a reference, a dict's table as it grows), and so are
 machine's own memo, MARKs and depths while it runs: the budget bounds the memory the reader
 takes at its peak, not only the dump's size (tests/forensics/test_dump_bounds.py measures
 it against tracemalloc).
+
+A container referenced again (the memo's GET, DUP) is charged its whole weight expanded, each
+time: through the memo 1 KB builds a DAG whose hash, `json.dumps` or walk visits 10**10 nodes,
+inside one C call where no clock is read. Torch's pickler shares references too, so a shared
+container is read, but never changed after (a cycle needs that): its weight holds. What is
+hashed (a dict's key, a set's member) weighs at most `MAX_KEY` expanded.
 """
 
 from __future__ import annotations
 
 import struct
-import sys
 
 from lockstep.forensics.bounds import MAX_DEPTH, Budget, DumpError, OutOfBounds, mib
+from lockstep.forensics.opcodes import (
+    DICT_ITEM,
+    HASHED,
+    MARK,
+    MEMO_ITEM,
+    NAMES,
+    NESTED,
+    NESTING,
+    OPS,
+    SET_ITEM,
+    SLOT,
+    WIDTH,
+)
 
-MAX_MARKS = 64  # MARKs open at once (torch's pickler: a few)
 MAX_TEXT_ARG = 64  # bytes of a text opcode's argument: a number, a memo index
+MAX_KEY = 1 << 12  # a hashed tuple's or frozenset's weight (torch's keys: strings)
 CHECK_MEMORY, CHECK_TIME = 1 << 10, 1 << 14  # opcodes between two looks at the budget, the clock
-# Bytes charged: a reference's slot (on the stack, then in its container); a dict's table (120
-# more with its first item, 46 an item after, its old table too while it grows: half given
-# back after); a set's; a list's growth (while the MARK's list still holds the items: given
-# back after); a MARK's list, a memo entry, a kept depth (the machine's own, back at its end).
-SLOT, DICT_ITEM, DICT_FIRST, SET_ITEM, LIST_ITEM = 8, 96, 120, 128, 10
-MARK, MEMO_ITEM, NESTED = 64, 112, 176
-_NESTING = {list, dict, tuple, set, frozenset}
+# A container's weight, expanded: its own bytes and each item's slot, then its containers'.
+WEIGHT = {list: (88, SLOT), tuple: (40, SLOT), dict: (184, DICT_ITEM), set: (216, SET_ITEM),
+          frozenset: (216, SET_ITEM)}  # fmt: skip
 
 
 def load(data: bytes, budget: Budget):
@@ -40,16 +54,17 @@ def load(data: bytes, budget: Budget):
     `data` is not such a pickle, OutOfBounds when it is past a bound."""
     machine = _Machine(data, budget)
     try:
-        return machine.run()
+        made = machine.run()
     except DumpError:
         raise
     except (IndexError, KeyError, TypeError, ValueError, AttributeError, RecursionError,
             OverflowError, struct.error) as err:  # fmt: skip
         where = f"at byte {machine.pos - 1}"
         raise DumpError(f"not a dump: a malformed pickle {where} ({type(err).__name__})") from None
-    finally:
+    finally:  # a pickle refused is freed: what it was charged is given back
         budget.peak = max(budget.peak, budget.used + machine.top)
-        budget.used += machine.used - machine.own
+    budget.used += machine.used - machine.own
+    return made
 
 
 class _Machine:
@@ -64,18 +79,22 @@ class _Machine:
         self.marks: list[list] = []
         self.memo: dict[int, object] = {}
         self.depths: dict[int, tuple[object, int]] = {}  # id -> (container, depth > 1)
+        self.weights: dict[int, tuple[object, int]] = {}  # id -> (container, weight): frozen
         self.used = self.own = self.top = 0  # `top`: the most `used` was
         self.room = budget.memory - budget.used
 
     def run(self):
-        data, end, table, memo, count = self.data, len(self.data), _OPS, self.memo, 0
+        data, end, table, memo, count = self.data, len(self.data), OPS, self.memo, 0
         while self.pos < end:
             pos = self.pos
             op = data[pos]
             if op == 0x68:  # BINGET: most of a torch dump's opcodes (it memoizes its strings)
-                self.stack.append(memo[data[pos + 1]])
+                obj = memo[data[pos + 1]]
+                self.stack.append(obj)
                 self.pos = pos + 2
                 self.used += SLOT
+                if type(obj) in NESTING:
+                    self.shared(obj)
             else:
                 self.pos = pos + 1
                 handler = table.get(op)
@@ -100,6 +119,42 @@ class _Machine:
         self.charge(cost + SLOT)
         self.stack.append(obj)
 
+    def weight(self, obj) -> int:
+        """`obj`'s weight expanded as a tree (`WEIGHT`), each container's counted once and
+        kept: `obj` and what it holds are never changed after (`frozen`)."""
+        known = self.weights.get(id(obj))
+        if known is not None:
+            return known[1]
+        base, each = WEIGHT[type(obj)]
+        total = base + each * len(obj)
+        if id(obj) in self.depths:  # it holds containers (`nest`)
+            items = [*obj.keys(), *obj.values()] if type(obj) is dict else obj
+            total += sum(self.weight(i) for i in items if type(i) in NESTING)
+        self.weights[id(obj)] = (obj, total)
+        self.used += NESTED
+        self.own += NESTED
+        return total
+
+    def shared(self, obj) -> None:
+        """One more reference to the container `obj`: charged its weight, as a copy."""
+        self.used += self.weight(obj)
+        if self.used > self.room:
+            raise OutOfBounds(f"{self.budget.over()}, a container counted at each reference "
+                              f"to it (at byte {self.pos - 1})")  # fmt: skip
+
+    def frozen(self, target) -> None:
+        if id(target) in self.weights:
+            raise DumpError(f"not a dump: a container changed after it was shared (at byte "
+                            f"{self.pos - 1})")  # fmt: skip
+
+    def hashed(self, items) -> None:
+        """OutOfBounds past `MAX_KEY` for a tuple or frozenset among `items` (to be hashed)."""
+        for item in items:
+            if type(item) in HASHED and self.weight(item) > MAX_KEY:
+                raise OutOfBounds(f"a dict key or set member of {self.weight(item)} bytes "
+                                  f"expanded (at byte {self.pos - 1}): over the {MAX_KEY} "
+                                  "lockstep hashes")  # fmt: skip
+
     def take(self, n: int) -> memoryview:
         left = len(self.data) - self.pos
         if n > left:
@@ -111,7 +166,7 @@ class _Machine:
 
     def size(self, unpack) -> int:
         value = unpack(self.data, self.pos)[0]  # struct.error when cut short
-        self.pos += _WIDTH[unpack]
+        self.pos += WIDTH[unpack]
         return value
 
     def line(self, limit: int | None = MAX_TEXT_ARG) -> bytes:
@@ -131,13 +186,13 @@ class _Machine:
 
     def nest(self, container, items) -> None:
         """`container` now holds `items`: its depth is one more than the deepest of them."""
-        if _NESTING.isdisjoint(map(type, items)):
+        if NESTING.isdisjoint(map(type, items)):
             return
         depths = self.depths
         deepest = max(
             depths[id(item)][1] if id(item) in depths else 1
             for item in items
-            if type(item) in _NESTING
+            if type(item) in NESTING
         )
         if deepest + 1 > MAX_DEPTH:
             raise OutOfBounds(f"containers nested over {MAX_DEPTH} deep (at byte {self.pos - 1})")
@@ -161,280 +216,10 @@ class _Machine:
 
 
 def _refused(op: int, stack: list) -> str:
-    name = _NAMES.get(op)
+    name = NAMES.get(op)
     if name is None:
         return f"not a dump: unknown pickle opcode 0x{op:02x}"
     if name == "STACK_GLOBAL" and len(stack) >= 2 and all(type(s) is str for s in stack[-2:]):
         name = f"{stack[-2][:200]}.{stack[-1][:200]}"
         return f"refused: the dump names {name} (a dump holds only builtins)"
     return f"refused: the pickle's {name} (a dump holds only builtins, never a class or function)"
-
-
-_U1, _U2, _U4, _I4, _U8, _F8 = (
-    struct.Struct(f).unpack_from for f in ("<B", "<H", "<I", "<i", "<Q", ">d")
-)
-_WIDTH = {_U1: 1, _U2: 2, _U4: 4, _I4: 4, _U8: 8, _F8: 8}
-
-# Each opcode's handler, True for STOP; the frequent ones count a small cost without a call.
-
-
-def _mark(m: _Machine) -> bool:
-    if len(m.marks) >= MAX_MARKS:
-        raise OutOfBounds(f"MARKs nested over {MAX_MARKS} deep (at byte {m.pos - 1})")
-    m.marks.append(m.stack)
-    m.stack = []
-    m.used += MARK
-    return False
-
-
-def _value(make, cost: int):
-    def op(m: _Machine) -> bool:
-        m.stack.append(make())
-        m.used += cost + SLOT
-        return False
-
-    return op
-
-
-def _number(unpack, cost: int):
-    def op(m: _Machine) -> bool:
-        m.stack.append(m.size(unpack))
-        m.used += cost + SLOT
-        return False
-
-    return op
-
-
-def _long(unpack):
-    def op(m: _Machine) -> bool:
-        n = m.size(unpack)
-        if not 0 <= n <= 256:
-            raise OutOfBounds(f"an integer of {n} bytes at byte {m.pos} (at most 256)")
-        m.push(int.from_bytes(m.take(n), "little", signed=True), 28 + n)
-        return False
-
-    return op
-
-
-def _text(unpack):
-    def op(m: _Machine) -> bool:
-        text = str(m.take(m.size(unpack)), "utf-8", "surrogatepass")
-        m.push(text, sys.getsizeof(text))
-        return False
-
-    return op
-
-
-def _bytes(unpack, kind=bytes):
-    def op(m: _Machine) -> bool:
-        raw = kind(m.take(m.size(unpack)))
-        m.push(raw, sys.getsizeof(raw))
-        return False
-
-    return op
-
-
-def _int_line(m: _Machine) -> bool:
-    text = m.line()
-    value = {b"00": False, b"01": True}.get(text)
-    m.push(int(text, 0) if value is None else value, 36)
-    return False
-
-
-def _long_line(m: _Machine) -> bool:
-    m.push(int(m.line().rstrip(b"L"), 0), 36)
-    return False
-
-
-def _float_line(m: _Machine) -> bool:
-    m.push(float(m.line()), 24)
-    return False
-
-
-def _unicode_line(m: _Machine) -> bool:
-    text = str(m.line(None), "raw-unicode-escape")
-    m.push(text, sys.getsizeof(text))
-    return False
-
-
-def _tuple_of(n: int | None):
-    def op(m: _Machine) -> bool:
-        if n is None:
-            items = m.pop_mark()
-        elif n:
-            if len(m.stack) < n:
-                raise IndexError("a tuple of more items than the stack holds")
-            items, m.stack[-n:] = m.stack[-n:], []
-        else:
-            items = []
-        made = tuple(items)
-        m.nest(made, made)
-        m.push(made, 40 + SLOT * len(made))
-        return False
-
-    return op
-
-
-def _append(m: _Machine) -> bool:
-    _extend(m, [m.stack.pop()])
-    return False
-
-
-def _appends(m: _Machine) -> bool:
-    _extend(m, m.pop_mark())
-    return False
-
-
-def _extend(m: _Machine, items: list) -> None:
-    target = m.stack[-1]
-    if type(target) is not list:
-        raise DumpError(f"not a dump: APPEND to a {type(target).__name__} at byte {m.pos - 1}")
-    m.charge(LIST_ITEM * len(items))  # its slots: charged as pushed
-    target.extend(items)
-    m.nest(target, items)
-    m.used -= SLOT * len(items)
-
-
-def _setitem(m: _Machine) -> bool:
-    value, key = m.stack.pop(), m.stack.pop()
-    _update(m, [key, value])
-    return False
-
-
-def _setitems(m: _Machine) -> bool:
-    _update(m, m.pop_mark())
-    return False
-
-
-def _update(m: _Machine, items: list) -> None:
-    target = m.stack[-1]
-    if type(target) is not dict or len(items) % 2:
-        raise DumpError(f"not a dump: SETITEMS on a {type(target).__name__} at byte {m.pos - 1}")
-    m.charge(DICT_ITEM * (len(items) // 2) + (DICT_FIRST if items and not target else 0))
-    for i in range(0, len(items), 2):
-        target[items[i]] = items[i + 1]
-    m.nest(target, items)
-    m.used -= DICT_ITEM // 2 * (len(items) // 2)
-
-
-def _list(m: _Machine) -> bool:
-    items = m.pop_mark()
-    m.nest(items, items)
-    m.push(items, 88 + LIST_ITEM * len(items))
-    return False
-
-
-def _dict(m: _Machine) -> bool:
-    items = m.pop_mark()
-    m.push({}, 64)
-    _update(m, items)
-    return False
-
-
-def _additems(m: _Machine) -> bool:
-    items, target = m.pop_mark(), m.stack[-1]
-    if type(target) is not set:
-        raise DumpError(f"not a dump: ADDITEMS to a {type(target).__name__} at byte {m.pos - 1}")
-    m.charge(SET_ITEM * len(items))
-    target.update(items)
-    m.nest(target, items)
-    return False
-
-
-def _frozenset(m: _Machine) -> bool:
-    items = m.pop_mark()
-    made = frozenset(items)
-    m.nest(made, items)
-    m.push(made, 216 + SET_ITEM * len(items))
-    return False
-
-
-def _pop(m: _Machine) -> bool:
-    if m.stack:
-        m.stack.pop()
-    else:
-        m.pop_mark()
-    return False
-
-
-def _pop_mark(m: _Machine) -> bool:
-    m.pop_mark()
-    return False
-
-
-def _dup(m: _Machine) -> bool:
-    m.push(m.stack[-1])
-    return False
-
-
-def _proto(m: _Machine) -> bool:
-    version = m.size(_U1)
-    if version > 5:  # pickle.HIGHEST_PROTOCOL in Python 3.8-3.14
-        raise DumpError(f"not a dump: pickle protocol {version}")
-    return False
-
-
-def _frame(m: _Machine) -> bool:
-    n = m.size(_U8)  # a frame's length: the opcodes in it are read as they come
-    if n > len(m.data) - m.pos:
-        raise DumpError(f"not a dump: a frame of {n} bytes at byte {m.pos} past the end")
-    return False
-
-
-def _stop(m: _Machine) -> bool:
-    if len(m.stack) != 1 or m.marks:
-        raise DumpError("not a dump: a pickle that stops with more than its object")
-    return True
-
-
-def _global(m: _Machine) -> bool:
-    module, name = (m.line(256).decode("ascii", "replace") for _ in range(2))
-    raise DumpError(f"refused: the dump names {module}.{name} (a dump holds only builtins)")
-
-
-def _memo(unpack, store: bool):
-    def op(m: _Machine) -> bool:
-        index = int(m.line(), 10) if unpack is None else m.size(unpack)
-        if store:
-            m.put(index)
-        else:
-            m.stack.append(m.memo[index])
-            m.used += SLOT
-        return False
-
-    return op
-
-
-def _memoize(m: _Machine) -> bool:
-    m.put(len(m.memo))
-    return False
-
-
-_OPS = {
-    0x80: _proto, 0x95: _frame, ord("."): _stop, ord("("): _mark, ord("0"): _pop,
-    ord("1"): _pop_mark, ord("2"): _dup, ord("c"): _global,
-    ord("N"): _value(lambda: None, 0), 0x88: _value(lambda: True, 0),
-    0x89: _value(lambda: False, 0), ord("I"): _int_line, ord("L"): _long_line,
-    ord("J"): _number(_I4, 32), ord("K"): _number(_U1, 0), ord("M"): _number(_U2, 32),
-    0x8A: _long(_U1), 0x8B: _long(_I4), ord("F"): _float_line, ord("G"): _number(_F8, 24),
-    ord("V"): _unicode_line, ord("X"): _text(_U4), 0x8C: _text(_U1), 0x8D: _text(_U8),
-    ord("B"): _bytes(_U4), ord("C"): _bytes(_U1), 0x8E: _bytes(_U8),
-    0x96: _bytes(_U8, bytearray), ord(")"): _tuple_of(0), 0x85: _tuple_of(1),
-    0x86: _tuple_of(2), 0x87: _tuple_of(3), ord("t"): _tuple_of(None),
-    ord("]"): _value(list, 88), ord("l"): _list, ord("a"): _append, ord("e"): _appends,
-    ord("}"): _value(dict, 64), ord("d"): _dict, ord("s"): _setitem, ord("u"): _setitems,
-    0x8F: _value(set, 216), 0x90: _additems, 0x91: _frozenset,
-    ord("p"): _memo(None, True), ord("q"): _memo(_U1, True), ord("r"): _memo(_U4, True),
-    0x94: _memoize, ord("g"): _memo(None, False), ord("h"): _memo(_U1, False),
-    ord("j"): _memo(_U4, False),
-}  # fmt: skip
-
-# The opcodes refused, by name: they build objects by calling something, or reach outside;
-# and Python 2's strings (torch writes none).
-_NAMES = {
-    0x93: "STACK_GLOBAL", ord("R"): "REDUCE", ord("b"): "BUILD", ord("i"): "INST",
-    ord("o"): "OBJ", 0x81: "NEWOBJ", 0x92: "NEWOBJ_EX", 0x82: "EXT1", 0x83: "EXT2",
-    0x84: "EXT4", ord("P"): "PERSID", ord("Q"): "BINPERSID", 0x97: "NEXT_BUFFER",
-    0x98: "READONLY_BUFFER", ord("S"): "STRING", ord("T"): "BINSTRING",
-    ord("U"): "SHORT_BINSTRING",
-}  # fmt: skip

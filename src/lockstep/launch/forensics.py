@@ -6,6 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from lockstep.forensics.bounds import NotRegular, read_regular
+
+MAX_LOG = 64 * 2**20  # bytes read from a log's end: the launcher's summary, the last lines
+
 # libstdc++'s std::terminate message: a gloo worker thread made to exit by Python's
 # finalization inside a noexcept destructor (docs/scripts.md, "The protocol"; `track.finish`).
 ABORT_SIGNATURE = "terminate called without an active exception"
@@ -45,8 +49,12 @@ def last_error_line(log: Path) -> str:
     """The script's own last error line, not the launcher's summary of it: that of the rank
     torchelastic names as the root cause (the first to fail, by time: its traceback in the
     summary, else its `[rankN]:` lines), not another rank's follow-on error ("Connection
-    closed by peer"); without a root cause, the last error line of any rank."""
-    text = log.read_text(errors="replace")
+    closed by peer"); without a root cause, the last error line of any rank. The log's last
+    MAX_LOG bytes, read as a regular file: the script may have put a FIFO in its place."""
+    try:
+        text = read_regular(log, MAX_LOG, cut=True, tail=True).decode(errors="replace")
+    except NotRegular as err:
+        return f"the log: {err}"
     root = root_cause(text)
     if root is not None:
         rank, traceback = root

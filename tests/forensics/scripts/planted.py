@@ -9,7 +9,9 @@ enters the all_gather after it (as the others' history predicts) while the other
 small: rank ODD all_reduces 2 floats where the others 4;
 jobdump DIR: after all_reduce, all_gather, all_reduce, all_gather, rank ODD starts an
 all_gather where the others an all_reduce (not waited for), and every rank writes its own
-flight-recorder dump to DIR, as a cluster job would."""
+flight-recorder dump to DIR, as a cluster job would;
+plant DUMP: first a FIFO named rank_7.stacks and the file DUMP as rank_9 in the folder lockstep
+reads the dumps from, then as hang."""
 
 import os
 import sys
@@ -19,6 +21,12 @@ import torch
 import torch.distributed as dist
 
 mode, odd = sys.argv[1], int(sys.argv[2])
+if mode == "plant":
+    folder, mode = os.environ["LOCKSTEP_FR_DIR"], "hang"
+    if os.environ["RANK"] == "0":
+        os.mkfifo(os.path.join(folder, "rank_7.stacks"))
+        with open(sys.argv[3], "rb") as dump, open(os.path.join(folder, "rank_9"), "wb") as out:
+            out.write(dump.read())
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 t = torch.ones(4)
