@@ -124,5 +124,5 @@ def test_a_fifo_as_a_checkpoints_pointer_or_manifest_is_one_line(tmp_path):
     step = tmp_path / "step_00000002"
     step.mkdir()
     os.mkfifo(step / checkpoint.MANIFEST)
-    with pytest.raises(UsageError, match="no readable manifest.json .*pipe"):
+    with pytest.raises(UsageError, match=r"no readable manifest\.json .*pipe"):
         checkpoint.verify(step)
