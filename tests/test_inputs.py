@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lockstep.gate.ab import TMP_PREFIX, prune_orphans
-from support.inprocess import run_main
+from support.inprocess import assert_one_error_line, run_main
 
 ROOT = Path(__file__).resolve().parents[1]
 DEEP = "[" * 100_000 + "]" * 100_000
@@ -87,11 +87,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_input_is_one_line_and_exit_2(files, case):
     argv, said = CASES[case]
-    result = run_main(argv, files)
-    lines = [line for line in result.stderr.splitlines() if "error" in line]
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "Traceback" not in result.stderr and len(lines) == 1, result.stderr
-    assert said in lines[0], lines[0]
+    assert_one_error_line(run_main(argv, files), said)
 
 
 @pytest.mark.parametrize(

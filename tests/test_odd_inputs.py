@@ -18,6 +18,7 @@ import pytest
 from lockstep import inputs
 from lockstep.errors import UsageError
 from lockstep.gate import golden
+from support.inprocess import assert_one_error_line
 
 TIMEOUT_S = 30  # the refusal takes well under a second; a blocked open never ends
 MEMORY = 2 * 2**30
@@ -66,11 +67,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_file_that_is_no_file_is_one_line_and_exit_2(odd, case):
     argv, said = CASES[case]
-    result = run_cli(argv, odd)
-    lines = [line for line in result.stderr.splitlines() if "error" in line]
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert "Traceback" not in result.stderr and len(lines) == 1, result.stderr
-    assert said in lines[0], lines[0]
+    assert_one_error_line(run_cli(argv, odd), said)
 
 
 def test_the_bound_counts_bytes_read_not_the_size_stat_reports(tmp_path, monkeypatch):

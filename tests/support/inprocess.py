@@ -102,3 +102,11 @@ def run_main(argv: list[str], cwd: Path, env: dict[str, str] | None = None, *, e
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
+
+
+def assert_one_error_line(result: subprocess.CompletedProcess, said: str) -> None:
+    """Bad input's contract: exit 2, no traceback, one error line, and it says `said`."""
+    lines = [line for line in result.stderr.splitlines() if "error" in line]
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and len(lines) == 1, result.stderr
+    assert said in lines[0], lines[0]
