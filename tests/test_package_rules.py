@@ -147,7 +147,7 @@ LAYERS = [
     "track",
     "state_digest",
     "errors : redact : compat : extras : summary_md : job_options : module_digest : inputs : terminal"
-    " : local_batch",
+    " : local_batch : flags",
 ]
 
 

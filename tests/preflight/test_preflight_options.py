@@ -1,10 +1,11 @@
-"""`lockstep preflight`'s options, built once from its flags: the Kubeflow Trainer defaults of
+"""`lockstep preflight`'s options, declared once with its flags: the Kubeflow Trainer defaults of
 the multi-node flags, and the argv the ranks preflight starts itself get back (no ranks start)."""
 
 from __future__ import annotations
 
 import pytest
 
+from lockstep import flags
 from lockstep.cli import build_parser
 from lockstep.errors import UsageError
 from lockstep.preflight.options import MultiNode, Options
@@ -19,22 +20,20 @@ TRAINER = {  # what Kubeflow Trainer v2's torch runtime sets in a pod (no torchr
 
 
 def test_kubeflow_trainer_variables_are_the_multinode_flags():
-    options = Options.from_flags(environ=TRAINER)
+    options = Options().checked(TRAINER)
     assert options.multinode == MultiNode(
         nnodes=4, node_rank=3, nproc_per_node=2, rdzv_endpoint="job-node-0-0.job:29400"
     )
     assert options.multinode.endpoint == ("job-node-0-0.job", 29400)
     # a flag given wins over its variable; torchrun in the pod: the variables are its own
-    assert Options.from_flags(environ=TRAINER, node_rank=1).multinode.node_rank == 1
-    assert Options.from_flags(environ={**TRAINER, "RANK": "0"}).multinode is None
+    assert Options(node_rank=1).checked(TRAINER).multinode.node_rank == 1
+    assert Options().checked({**TRAINER, "RANK": "0"}).multinode is None
     with pytest.raises(UsageError, match="--nproc-per-node"):
-        Options.from_flags(environ=TRAINER, nproc=2)
+        Options(nproc=2).checked(TRAINER)
 
 
 def test_options_are_frozen_and_the_nproc_per_node_default_is_one():
-    options = Options.from_flags(
-        nnodes=2, node_rank=0, rdzv_endpoint="h:29500", environ={"PATH": "/bin"}
-    )
+    options = Options(nnodes=2, node_rank=0, rdzv_endpoint="h:29500").checked({"PATH": "/bin"})
     assert options.multinode.nproc_per_node == 1 and options.timeout == 60.0
     with pytest.raises(AttributeError):
         options.timeout = 1.0  # type: ignore[misc]
@@ -52,9 +51,7 @@ def test_rank_argv_parses_back_to_the_same_options(tmp_path):
     parser = build_parser()
 
     def options(args: list[str]) -> Options:
-        ns = parser.parse_args(args)
-        flags = {k: v for k, v in vars(ns).items() if k not in ("command", "func")}
-        return Options.from_flags(**flags, environ={"PATH": "/bin"})
+        return flags.read(Options, parser.parse_args(args)).checked({"PATH": "/bin"})
 
     given = options(argv)
     assert given.nproc == 2 and given.links is False and given.allow == ("env.A", "env.B*")

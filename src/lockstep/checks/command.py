@@ -4,15 +4,15 @@ it comes, then write the step summary and the --json report; the exit code."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from lockstep.checks import plans
 from lockstep.checks.result import exit_code
 
 
-def check(request: plans.Request, json_path: Path | None = None) -> int:
+def check(request: plans.Request) -> int:
     from lockstep.inputs import writable
 
+    json_path = request.json
     writable(json_path, "--json")  # before the runs, not after them
     outcome = plans.run(request, show)
     if not outcome.passed:

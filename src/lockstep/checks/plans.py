@@ -11,35 +11,75 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
+from lockstep import job_options
 from lockstep.checks import registry
 from lockstep.checks.result import CheckResult
 from lockstep.errors import UsageError
-from lockstep.job_options import NPROC, TIMEOUT_S, first_step_default
+from lockstep.flags import flag
+from lockstep.inputs import positive_int
+from lockstep.job_options import JobOptions, first_step_default
 
 Show = Callable[[CheckResult], None]
 SCRIPT_STEPS = 8  # a script's steps per run without --steps
 
 
-@dataclass(frozen=True)
-class Request:
+@dataclass(frozen=True, kw_only=True)
+class Request(JobOptions):
     """A `lockstep check` command line, as parsed."""
 
-    name: str  # a check, or "all"
-    config: str | None = None
-    script: str | None = None
-    overrides: tuple[str, ...] = ()
-    nproc: int = NPROC
-    launcher: str | None = None
-    run_path: bool = False
-    steps: int | None = None
-    world_sizes: str = "1,2"
-    resume_nproc: int | None = None
-    rtol: float | None = None
-    atol: float | None = None
-    timeout: float = TIMEOUT_S  # seconds per launch
-    out: Path | None = None
-    first_step_timeout: float | None = None  # None: `job_options.first_step_default()`
+    script_steps: ClassVar[int] = SCRIPT_STEPS
+    steps_note: ClassVar[str] = "; resume stops at half"
+
+    name: str = flag(choices=lambda: [*registry.names(), "all"], order=-1, help="the check to run")
+    launcher: str | None = flag(
+        "--launcher", choices=("torchrun", "deepspeed"), default=None, shown="torchrun",
+        help="with --script: launch it through torchrun or the deepspeed CLI, which passes "
+        "--local_rank",
+    )  # fmt: skip
+    world_sizes: str = flag(
+        "--world-sizes", default="1,2", metavar="N,N",
+        help="world sizes compared by the world-size check",
+    )  # fmt: skip
+    resume_nproc: int | None = flag(
+        "--resume-nproc", type=positive_int, default=None,
+        help="with CONFIG: resume on this many ranks instead of --nproc (ddp/fsdp reshard)",
+    )  # fmt: skip
+    first_step_timeout: float | None = job_options.first_step_timeout()
+    rtol: float | None = flag(
+        "--rtol", type=float, default=None, shown=lambda: default_tolerances(0),
+        help="with --script: relative tolerance ({default}); world-size judges a difference "
+        "beyond it by a float64 replay and the noise floor",
+    )  # fmt: skip
+    atol: float | None = flag(
+        "--atol", type=float, default=None, shown=lambda: default_tolerances(1),
+        help="with --script: absolute tolerance",
+    )  # fmt: skip
+    out: Path | None = flag(
+        "--out", type=Path, default=None,
+        shown="a temporary one, removed when all pass",
+        help="folder for runs and logs ({default}); with --script, the runs an earlier check "
+        "left there are removed first",
+    )  # fmt: skip
+    json: Path | None = flag(
+        "--json", type=Path, default=None, metavar="PATH", help="write results here"
+    )
+
+
+def default_tolerances(index: int) -> str:
+    """--rtol's (`index` 0) or --atol's (1) default for each check on a script, read from the
+    registry, so that the help cannot drift from what runs."""
+    by_value: dict[str, list[str]] = {}
+    exact = []
+    for name in registry.names(script=True):
+        tolerance = registry.CHECKS[name].script.tolerance
+        if tolerance is None:
+            exact.append(name)
+        else:
+            by_value.setdefault(f"{tolerance[index]:g}", []).append(name)
+    parts = [f"{value} for {', '.join(names)}" for value, names in by_value.items()]
+    return "; ".join(parts + [f"{name} always compares exactly" for name in exact])
 
 
 @dataclass(frozen=True)

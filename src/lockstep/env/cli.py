@@ -2,58 +2,62 @@
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
+from lockstep import flags
+from lockstep.env.compare import allow
 from lockstep.errors import EXIT_FAIL, EXIT_OK
 from lockstep.inputs import existing, writable
 
 
+@dataclass(frozen=True)
+class FingerprintOptions:
+    json: str | None = flags.flag(
+        "--json", metavar="PATH", default=None, help="write the canonical JSON fingerprint here"
+    )
+    lock: str | None = flags.flag(
+        "--lock", metavar="PATH", default=None, help="lock file to compare the packages with"
+    )
+
+
+@dataclass(frozen=True)
+class DiffOptions:
+    a: str = flags.flag(metavar="A.json", help="a fingerprint (lockstep fingerprint --json)")
+    b: str = flags.flag(metavar="B.json", help="the fingerprint to compare it with")
+    allow: tuple[str, ...] = allow()
+
+
 def register(subparsers) -> None:
-    fp = subparsers.add_parser(
-        "fingerprint", help="fingerprint this process's environment (one rank)"
-    )
-    fp.add_argument("--json", metavar="PATH", help="write the canonical JSON fingerprint here")
-    fp.add_argument("--lock", metavar="PATH", help="lock file to compare the packages with")
-    fp.set_defaults(func=fingerprint_command)
-
-    diff = subparsers.add_parser("diff", help="fields that differ between two fingerprints")
-    diff.add_argument("a", metavar="A.json")
-    diff.add_argument("b", metavar="B.json")
-    add_allow(diff)
-    diff.set_defaults(func=diff_command)
+    flags.command(
+        subparsers, "fingerprint", FingerprintOptions, fingerprint_command,
+        help="fingerprint this process's environment (one rank)",
+    )  # fmt: skip
+    flags.command(
+        subparsers, "diff", DiffOptions, diff_command,
+        help="fields that differ between two fingerprints",
+    )  # fmt: skip
 
 
-def add_allow(parser: argparse.ArgumentParser) -> None:
-    """`--allow FIELD`, the fields a comparison ignores (`diff`, `preflight`)."""
-    parser.add_argument(
-        "--allow",
-        action="append",
-        default=[],
-        metavar="FIELD",
-        help="also ignore this field (dotted name or glob, e.g. env.NCCL_DEBUG); repeatable",
-    )
-
-
-def fingerprint_command(args) -> int:
+def fingerprint_command(options: FingerprintOptions) -> int:
     from lockstep.env import fingerprint, shm
     from lockstep.env.summary import print_fingerprint
 
-    writable(args.json, "--json")
-    fp = fingerprint.collect(lock=existing(args.lock, "lock file"))
-    if args.json:
-        fingerprint.dump(fp, Path(args.json))
+    writable(options.json, "--json")
+    fp = fingerprint.collect(lock=existing(options.lock, "lock file"))
+    if options.json:
+        fingerprint.dump(fp, Path(options.json))
     shm_check = shm.check()
     print_fingerprint(fp, warnings=[shm_check["detail"]] if shm_check["status"] == "warn" else [])
     return EXIT_OK
 
 
-def diff_command(args) -> int:
+def diff_command(options: DiffOptions) -> int:
     from lockstep.env import compare, fingerprint
     from lockstep.env.summary import print_diff
 
-    a, b = fingerprint.load(Path(args.a)), fingerprint.load(Path(args.b))
-    ignored = compare.Ignored(args.allow)
+    a, b = fingerprint.load(Path(options.a)), fingerprint.load(Path(options.b))
+    ignored = compare.Ignored(options.allow)
     fields = compare.differing_fields(a, b, ignored)
-    print_diff(fields, args.a, args.b)
+    print_diff(fields, options.a, options.b)
     return EXIT_FAIL if fields else EXIT_OK

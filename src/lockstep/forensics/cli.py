@@ -4,9 +4,20 @@ job wrote itself (`TORCH_FR_DUMP_TEMP_FILE`, NCCL's dump on timeout, `_dump_fr_t
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
+from lockstep import flags
 from lockstep.inputs import positive_int
+
+
+@dataclass(frozen=True)
+class HangOptions:
+    folder: Path = flags.flag(type=Path, metavar="DIR", help="the folder of dumps")
+    world: int | None = flags.flag(
+        "--world", type=positive_int, default=None, shown="as dumped", help="ranks expected"
+    )
+    json: bool = flags.flag("--json", default=False, help="the report as JSON")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,8 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Forensics of a distributed job from torch's flight recorder.",
     )
     what = p.add_subparsers(dest="forensics_command", metavar="WHAT", required=True)
-    hang = what.add_parser(
-        "hang",
+    flags.command(
+        what, "hang", HangOptions, _hang,
         help="which collective each rank is in, and who is out of step",
         description="Read a folder of flight-recorder dumps (one file a rank, its name ending "
         "in the rank: rank_3, nccl_trace_rank_3) and say per process group and sequence number "
@@ -25,16 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "is out of step. Exit 0 when nobody is, 1 when someone is, 2 when no dump could be "
         "read or one is past the reader's bounds, 4 (not judged) when every dump holds no "
         "collective (docs/forensics.md).",
-    )
-    hang.add_argument("folder", type=Path, metavar="DIR", help="the folder of dumps")
-    hang.add_argument(
-        "--world", type=positive_int, default=None, help="ranks expected (default: as dumped)"
-    )
-    hang.add_argument("--json", action="store_true", help="the report as JSON")
-    hang.set_defaults(func=_hang)
+    )  # fmt: skip
 
 
-def _hang(args) -> int:
+def _hang(args: HangOptions) -> int:
     from lockstep.errors import EXIT_FAIL, EXIT_NOT_JUDGED, EXIT_OK, UsageError
     from lockstep.forensics import hang
     from lockstep.forensics.bounds import MAX_RANKS, OutOfBounds, shown

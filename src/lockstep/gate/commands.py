@@ -6,23 +6,38 @@ regression); bad input and a missing golden raise (exit 2)."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from lockstep.errors import EXIT_FAIL, EXIT_NOT_JUDGED, EXIT_OK
-from lockstep.gate.policy import PERF_JUDGED_REL
-from lockstep.inputs import writable
+from lockstep.flags import flag, nested
+from lockstep.gate.policy import PERF_JUDGED_REL, SCRIPT_STEPS
+from lockstep.inputs import positive_int, writable
 from lockstep.job_options import JobOptions
 from lockstep.redact import escape_controls
+
+GOLDENS = "gates"  # the goldens' folder, DIR/NAME/ENV-KEY.json
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateJob(JobOptions):
+    script_steps: ClassVar[int] = SCRIPT_STEPS
 
 
 @dataclass(frozen=True)
 class Reports:
     """Where a result goes besides the terminal (and GitHub's step summary)."""
 
-    json: Path | None = None
-    junit: Path | None = None
-    plot: Path | None = None  # a folder for a PNG per metric
+    json: Path | None = flag(
+        "--json", type=Path, metavar="PATH", default=None, help="write the full result as JSON"
+    )
+    junit: Path | None = flag(
+        "--junit", type=Path, metavar="PATH", default=None, help="write JUnit XML for CI"
+    )
+    plot: Path | None = flag(
+        "--plot", type=Path, metavar="DIR", default=None, help="write a PNG per metric"
+    )
 
     def __post_init__(self) -> None:
         """A path that cannot be written is refused before the runs, not after them."""
@@ -30,31 +45,59 @@ class Reports:
         writable(self.junit, "--junit", makes_folder=True)
 
 
-@dataclass(frozen=True)
-class GateRun:
+@dataclass(frozen=True, kw_only=True)
+class Workdir:
+    workdir: Path | None = flag(
+        "--workdir", type=Path, default=None, shown="temp", help="keep each run's folder here"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class GateRun(Workdir):
     """`gate record`, `refresh` or `check` (`command`) of the gate `name`, as parsed."""
 
     command: str
-    name: str
-    job: JobOptions
-    dir: Path  # the goldens' folder: DIR/NAME/ENV-KEY.json
-    workdir: Path | None = None  # keep each run's folder here (default: a temporary one)
-    repeats: int = 3
-    candidate: Path | None = None  # check: where no golden exists, record one here
-    reports: Reports = field(default_factory=Reports)
+    name: str = flag(help="the gate's name: goldens live in DIR/NAME/")
+    job: JobOptions = nested(GateJob)
+    dir: Path = flag("--dir", type=Path, default=Path(GOLDENS), help="goldens' folder")
+    repeats: int = flag(
+        "--repeats", type=positive_int, default=3,
+        help="runs to take the spread from, of a golden or a --candidate",
+    )  # fmt: skip
+    candidate: Path | None = flag(
+        "--candidate", metavar="DIR", type=Path, default=None,
+        help="where no golden exists for this environment, record one into DIR for a "
+        "maintainer to review and commit (still exit 2)",
+    )  # fmt: skip
+    reports: Reports = nested(Reports)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ABRun(Workdir):
+    """`gate ab`, as parsed."""
+
+    job: JobOptions = nested(GateJob)
+    base: str = flag("--base", metavar="REF", help="git ref to compare with")
+    rounds: int = flag("--rounds", type=positive_int, default=6, help="runs of each side")
+    threshold: float = flag("--threshold", type=float, default=0.05, help="relative change")
+    alpha: float = flag("--alpha", type=float, default=0.01, help="significance level")
+    reports: Reports = nested(Reports, exclude=("plot",))
 
 
 @dataclass(frozen=True)
-class ABRun:
-    """`gate ab`, as parsed."""
+class CompareRun:
+    golden: Path = flag(type=Path, help="a golden file, e.g. gates/NAME/KEY.json")
+    metrics: Path = flag(type=Path, help="metrics.jsonl of a finished run")
+    reports: Reports = nested(Reports)
 
-    job: JobOptions
-    base: str  # the git ref compared with
-    rounds: int = 6
-    threshold: float = 0.05
-    alpha: float = 0.01
-    workdir: Path | None = None
-    reports: Reports = field(default_factory=Reports)
+
+@dataclass(frozen=True)
+class AlertsRun:
+    rules: str = flag(help="a TOML rules file, or 'default' for lockstep's rules")
+    metrics: Path = flag(type=Path, help="metrics.jsonl")
+    json: Path | None = flag(
+        "--json", type=Path, metavar="PATH", default=None, help="write the alerts as JSON"
+    )
 
 
 def _job(options: JobOptions, command: str, reports: Reports):
@@ -173,15 +216,15 @@ def check(o: GateRun) -> int:
     return _finish(o.reports, result, title, f"gate.{o.name}", result.notes(refresh, job))
 
 
-def compare(golden_path: Path, metrics: Path, reports: Reports) -> int:
+def compare(o: CompareRun) -> int:
     """`gate compare`: a golden file against the metrics.jsonl of a finished run."""
     from lockstep.gate import golden, workflows
     from lockstep.gate.run_result import Run, read_rows
 
-    g = golden.read(golden_path)
-    result = workflows.outcome(g, Run(read_rows(metrics)), env=None)
-    title = f"gate {g.name} [{g.env_key}] vs {metrics}"
-    return _finish(reports, result, title, f"gate.{g.name}", result.notes())
+    g = golden.read(o.golden)
+    result = workflows.outcome(g, Run(read_rows(o.metrics)), env=None)
+    title = f"gate {g.name} [{g.env_key}] vs {o.metrics}"
+    return _finish(o.reports, result, title, f"gate.{g.name}", result.notes())
 
 
 def _finish(reports: Reports, result, title: str, suite: str, notes: list[str]) -> int:
@@ -232,10 +275,11 @@ def compare_ab(o: ABRun) -> int:
     return {"fail": EXIT_FAIL, "not_judged": EXIT_NOT_JUDGED}.get(ab.verdict(findings), EXIT_OK)
 
 
-def evaluate_alerts(rules_file: str, metrics: Path, json_path: Path | None) -> int:
+def evaluate_alerts(o: AlertsRun) -> int:
     """`gate alerts`: alert rules (a TOML file, or 'default') over a metrics file."""
     import json
 
+    rules_file, metrics, json_path = o.rules, o.metrics, o.json
     from lockstep import alerts
     from lockstep.gate.run_result import read_rows
 

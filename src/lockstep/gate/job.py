@@ -21,7 +21,9 @@ from pathlib import Path
 
 from lockstep.errors import EXIT_FAIL, LockstepError, RankTimeout, UsageError
 from lockstep.gate.monitor import TreeMonitor
+from lockstep.gate.policy import SCRIPT_STEPS
 from lockstep.gate.run_result import Run, read_rows
+from lockstep.job_options import NPROC, TIMEOUT_S
 from lockstep.launch import rank_environment
 from lockstep.launch.progress import watching
 from lockstep.launch.protocol_run import LOG, METRICS, ProtocolRun, run_under_protocol
@@ -30,8 +32,6 @@ from lockstep.redact import scrub_text
 from lockstep.reference_job import ReferenceJob
 from lockstep.reference_job import load as load_reference
 from lockstep.track import Protocol
-
-DEFAULT_SCRIPT_STEPS = 20
 
 
 class JobFailed(LockstepError):
@@ -43,12 +43,12 @@ class JobFailed(LockstepError):
 
 @dataclass
 class Job:
-    nproc: int = 1
+    nproc: int = NPROC
     steps: int | None = None
     config: Path | None = None
     overrides: list[str] = field(default_factory=list)
     command: str | None = None
-    timeout: float = 1800.0
+    timeout: float = TIMEOUT_S
     run_path: bool = False  # ranks forked from a process that imported torch (lockstep.launch)
 
     def __post_init__(self) -> None:
@@ -68,7 +68,7 @@ class Job:
         elif self.overrides:
             raise UsageError("--set applies to a CONFIG job; a script takes its settings itself")
         else:
-            self.steps = self.steps or DEFAULT_SCRIPT_STEPS
+            self.steps = self.steps or SCRIPT_STEPS
 
     # ------------------------------------------------------------------ what it is
 

@@ -29,6 +29,7 @@ CURVES = {
     "loss_scale": Policy("none", floor_rel=0.0),
 }
 DEFAULT_CURVE = Policy("none", floor_rel=1e-3)
+SCRIPT_STEPS = 20  # a script's optimizer steps per gate run where no --steps says
 CURVE_FACTOR = 1.5
 
 # Run-level performance figures (`run.summary`). The threshold is the larger of the floor and

@@ -1,12 +1,7 @@
-"""What one call of `lockstep preflight` was asked to do, decided once: the CLI builds an
-`Options` from its flags (`Options.from_flags`), and everything below it reads that, never
-argparse's Namespace.
-
-A Kubeflow Trainer pod that starts `lockstep preflight` without torchrun gets torchrun's
-variables (PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, PET_MASTER_ADDR, PET_MASTER_PORT)
-as the defaults of the multi-node flags (`from_kubeflow`). The ranks preflight starts itself
-(`--nproc N`, a node of `--nnodes N`) run `lockstep preflight` again with `rank_argv()`.
-"""
+"""What one call of `lockstep preflight` was asked to do, declared once (`Options`, whose
+fields are its flags) and checked once (`Options.checked`). A Kubeflow Trainer pod's PET_*
+variables are the multi-node flags' defaults where no torchrun started it (`from_kubeflow`);
+the ranks preflight starts itself get `rank_argv()`."""
 
 from __future__ import annotations
 
@@ -16,11 +11,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lockstep import extras
+from lockstep.env.compare import allow
 from lockstep.errors import UsageError
-from lockstep.inputs import existing, writable
+from lockstep.flags import argv, flag
+from lockstep.inputs import (
+    existing,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    seconds,
+    writable,
+)
 from lockstep.launch import detect
-
-DEFAULT_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -37,76 +39,98 @@ class MultiNode:
         return parse_endpoint(self.rdzv_endpoint)
 
 
+MULTINODE = (
+    "multi-node launch (torchrun's flags; every node first checks in with node 0 at the "
+    "endpoint's port + 1, so a node that cannot start is named within --timeout)"
+)
+
+
 @dataclass(frozen=True)
 class Options:
-    """`lockstep preflight`'s flags, checked; `multinode` is None unless this call is one node
-    of preflight's own multi-node launch."""
+    """`lockstep preflight`'s flags, checked (`checked`); `multinode` is None unless this call
+    is one node of preflight's own multi-node launch."""
 
-    timeout: float = DEFAULT_TIMEOUT_S
-    lock: str | None = None
-    json: str | None = None
-    min_busbw: float | None = None
-    links: bool | None = None  # None: on when the ranks span more than one host
-    min_link_gbps: float | None = None
-    exclude_out: str | None = None
-    plot: str | None = None
-    allow: tuple[str, ...] = ()
-    nproc: int | None = None  # --nproc as given (None: not given; 1 rank by default)
-    require_key: bool = False  # a missing job key (LOCKSTEP_JOB_KEY[_FILE]) is an error
+    nproc: int | None = flag(
+        "--nproc", type=positive_int, metavar="N", default=None, shown="1",
+        help="no launcher: start N local ranks through torchrun's launcher API",
+    )  # fmt: skip
+    nnodes: int | None = flag(
+        "--nnodes", type=positive_int, metavar="N", default=None, group=MULTINODE,
+        help="nodes in the job (one call per node)",
+    )  # fmt: skip
+    node_rank: int | None = flag(
+        "--node-rank", type=non_negative_int, metavar="K", default=None, group=MULTINODE,
+        help="this node's index, 0..N-1",
+    )  # fmt: skip
+    nproc_per_node: int | None = flag(
+        "--nproc-per-node", type=positive_int, metavar="n", default=None, shown="1",
+        group=MULTINODE, help="ranks on each node",
+    )  # fmt: skip
+    rdzv_endpoint: str | None = flag(
+        "--rdzv-endpoint", metavar="HOST:PORT", default=None, group=MULTINODE,
+        help="node 0's address and rendezvous port",
+    )  # fmt: skip
+    timeout: float = flag(
+        "--timeout", type=seconds, default=60.0, metavar="S", to_ranks=True,
+        help="seconds to wait for peers at each step",
+    )  # fmt: skip
+    lock: str | None = flag(
+        "--lock", metavar="PATH", default=None, to_ranks=True,
+        help="lock file every rank must match exactly",
+    )  # fmt: skip
+    json: str | None = flag(
+        "--json", metavar="PATH", default=None, to_ranks=True,
+        help="write rank 0's full report here",
+    )  # fmt: skip
+    min_busbw: float | None = flag(
+        "--min-busbw", type=float, metavar="GBPS", default=None, to_ranks=True,
+        help="fail below this all_reduce busbw",
+    )  # fmt: skip
+    links: bool | None = flag(
+        "--links", negatable=True, default=None, to_ranks=True,
+        shown="on when the ranks span more than one host",
+        help="measure point-to-point bandwidth between node pairs and name a slow node or link "
+        "({default}; --links also between the ranks of one host). A link whose transfers were "
+        "all CPU-starved is reported as not judged, never as slow",
+    )  # fmt: skip
+    min_link_gbps: float | None = flag(
+        "--min-link-gbps", type=positive_float, metavar="GBPS", default=None, to_ranks=True,
+        help="also fail a link below this many Gb/s (the verdict needs no fixed figure)",
+    )  # fmt: skip
+    exclude_out: str | None = flag(
+        "--exclude-out", metavar="FILE", default=None, to_ranks=True,
+        help="write the nodes to leave out as a Slurm host list (sbatch --exclude=$(cat FILE))",
+    )  # fmt: skip
+    plot: str | None = flag(
+        "--plot", metavar="DIR", default=None, to_ranks=True,
+        help="write DIR/links.png, the link heatmap",
+    )  # fmt: skip
+    require_key: bool = flag(
+        "--require-key", default=False, to_ranks=True,
+        help="exit 2 when no job key is set (LOCKSTEP_JOB_KEY or LOCKSTEP_JOB_KEY_FILE); without "
+        "one, ranks on several hosts run unauthenticated and the verdict says UNAUTHENTICATED",
+    )  # fmt: skip
+    allow: tuple[str, ...] = allow(to_ranks=True)
     multinode: MultiNode | None = None
 
-    @classmethod
-    def from_flags(
-        cls,
-        *,
-        nnodes: int | None = None,
-        node_rank: int | None = None,
-        nproc_per_node: int | None = None,
-        rdzv_endpoint: str | None = None,
-        environ: Mapping[str, str] | None = None,
-        **flags,
-    ) -> Options:
-        """The options of these flags: the files they name checked (a missing lock, a folder
-        that is not there: exit 2 before any rank starts), the multi-node flags resolved."""
-        options = cls(**{**flags, "allow": tuple(flags.get("allow") or ())})
-        existing(options.lock, "lock file")
-        writable(options.json, "--json")
-        writable(options.exclude_out, "--exclude-out")
-        if options.plot is not None:  # before any rank starts, not after the verdict
+    def checked(self, environ: Mapping[str, str] | None = None) -> Options:
+        """These options with the files they name checked (a missing lock, a folder that is not
+        there: exit 2 before any rank starts) and the multi-node flags resolved."""
+        existing(self.lock, "lock file")
+        writable(self.json, "--json")
+        writable(self.exclude_out, "--exclude-out")
+        if self.plot is not None:  # before any rank starts, not after the verdict
             extras.require("lockstep preflight --plot", {"matplotlib": "the link heatmap"})
+        given = {name: getattr(self, name) for name in MultiNode.__dataclass_fields__}
         multinode = _multinode(
-            {
-                "nnodes": nnodes,
-                "node_rank": node_rank,
-                "nproc_per_node": nproc_per_node,
-                "rdzv_endpoint": rdzv_endpoint,
-            },
-            nproc=options.nproc,
-            environ=os.environ if environ is None else environ,
+            given, nproc=self.nproc, environ=os.environ if environ is None else environ
         )
-        return dataclasses.replace(options, multinode=multinode)
+        return dataclasses.replace(self, multinode=multinode)
 
     def rank_argv(self) -> list[str]:
         """The options each rank preflight starts itself gets (all but --nproc and the
         multi-node flags)."""
-        argv = ["--timeout", str(self.timeout)]
-        for flag, value in (
-            ("--lock", self.lock),
-            ("--json", self.json),
-            ("--min-busbw", self.min_busbw),
-            ("--min-link-gbps", self.min_link_gbps),
-            ("--exclude-out", self.exclude_out),
-            ("--plot", self.plot),
-        ):
-            if value is not None:
-                argv += [flag, str(value)]
-        if self.links is not None:
-            argv.append("--links" if self.links else "--no-links")
-        if self.require_key:
-            argv.append("--require-key")
-        for field in self.allow:
-            argv += ["--allow", field]
-        return argv
+        return argv(self)
 
 
 def _multinode(given: dict, *, nproc: int | None, environ: Mapping[str, str]) -> MultiNode | None:

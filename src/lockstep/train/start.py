@@ -7,18 +7,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lockstep.job_options import NPROC, TIMEOUT_S
+from lockstep import job_options
+from lockstep.flags import flag
 
 
 @dataclass(frozen=True)
 class TrainOptions:
     """A `lockstep train` command line, as parsed."""
 
-    config: str
-    overrides: tuple[str, ...] = ()
-    nproc: int = NPROC  # local ranks, without an outer launcher
-    out: Path = Path("runs/train")
-    timeout: float = TIMEOUT_S  # seconds, for local ranks
+    config: str = job_options.config(required=True)
+    nproc: int = job_options.nproc(" without a launcher")
+    out: str = flag("--out", default="runs/train", help="output directory")
+    overrides: tuple[str, ...] = job_options.overrides()
+    timeout: float = job_options.timeout(" of --nproc local ranks")
 
 
 def train(options: TrainOptions) -> int:
@@ -37,7 +38,7 @@ def train(options: TrainOptions) -> int:
         _check_before_start(cfg, options.nproc, out)
         print(f"lockstep: {_start_local_ranks(cfg, options.nproc, out, options.timeout)}")
         return 0
-    if options.timeout != TIMEOUT_S:  # the outer launcher's own limits apply
+    if options.timeout != job_options.TIMEOUT_S:  # the outer launcher's own limits apply
         raise UsageError(f"--timeout is for --nproc local ranks; {info.launcher} started this one")
     _share_cores(cfg, info)
     from lockstep.train.trainer import run_training
