@@ -107,7 +107,7 @@ def test_check_help_states_the_script_tolerances_of_the_registry():
 
 
 def test_parsed_options_become_a_frozen_object():
-    from lockstep.gate.commands import GateRun
+    from lockstep.gate.options import GateRun
 
     args = build_parser().parse_args(
         ["gate", "check", "g", "--script", "t.py", "--set", "a=1", "--steps", "4", "--run-path"]

@@ -87,12 +87,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console() -> int:
-    """The `lockstep` command and `python -m lockstep`: `main` in a process of its own, which
-    leaves without Python's last garbage collection walking every object torch and DeepSpeed
-    made at import (0.3-0.5 s of CPU at each exit here). `gc.freeze`, registered first, runs
-    after every other atexit callback; module teardown still releases what it holds, but what
-    only a reference cycle holds is left to the operating system, as at `os._exit` (lockstep
-    closes the files it writes). Not for `main` called in a process that goes on."""
+    """The `lockstep` command and `python -m lockstep`: `main`, leaving without Python's last
+    garbage collection over torch's objects (docs/design/options.md). Not for `main` called in
+    a process that goes on."""
     import atexit
     import gc
 

@@ -6,6 +6,7 @@ docs/design/options.md."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import MISSING, dataclass
@@ -184,10 +185,19 @@ def argv(options: Any) -> list[str]:
     return out
 
 
-def command(subparsers, name: str, options: type, run: Callable[[Any], int], *,
+def command(subparsers, name: str, options: type, run: Callable[[Any], int] | str, *,
             exclude: tuple[str, ...] = (), given: dict | None = None, **parser_args):  # fmt: skip
-    """A subcommand whose flags are `options`' and whose work is `run(options object)`."""
+    """A subcommand whose flags are `options`' and whose work is `run(options object)`; a
+    "module:function" `run` is imported when the command runs, so that help stays fast."""
     parser = subparsers.add_parser(name, **parser_args)
     add(parser, options, exclude=exclude)
-    parser.set_defaults(func=lambda args: run(read(options, args, **(given or {}))))
+
+    def func(args) -> int:
+        work = run
+        if isinstance(work, str):
+            module, _, attr = work.partition(":")
+            work = getattr(importlib.import_module(module), attr)
+        return work(read(options, args, **(given or {})))
+
+    parser.set_defaults(func=func)
     return parser

@@ -16,7 +16,7 @@ from lockstep.checks.plans import Request
 
 def register(sub: argparse._SubParsersAction) -> None:
     flags.command(
-        sub, "check", Request, run_checks,
+        sub, "check", Request, "lockstep.checks.command:check",
         help="run training invariant checks on a run config or on your own script",
         description="With CONFIG: train lockstep's reference job (any engine) in local ranks "
         "and check determinism, resume, clip, equivalence, world-size, accumulation or "
@@ -25,8 +25,3 @@ def register(sub: argparse._SubParsersAction) -> None:
         "resume, world-size, replicas; see docs/scripts.md).",
     )  # fmt: skip
 
-
-def run_checks(request: Request) -> int:
-    from lockstep.checks import command
-
-    return command.check(request)

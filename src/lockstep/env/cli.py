@@ -6,9 +6,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lockstep import flags
-from lockstep.env.compare import allow
 from lockstep.errors import EXIT_FAIL, EXIT_OK
 from lockstep.inputs import existing, writable
+
+
+def allow(**how):
+    """`--allow FIELD`, the fields a comparison also ignores (`diff`, `preflight`)."""
+    return flags.flag(
+        "--allow", default=(), metavar="FIELD", **how,
+        help="also ignore this field (dotted name or glob, e.g. env.NCCL_DEBUG); repeatable",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ from collections import defaultdict
 from fnmatch import fnmatchcase
 
 from lockstep.env.fingerprint import SECTIONS, canonical_json
-from lockstep.flags import flag
 from lockstep.launch.detect import PER_RANK_VARIABLES
 
 DEFAULT_IGNORED = (
@@ -27,14 +26,6 @@ DEFAULT_IGNORED = (
 )
 DIGEST_BYTES = 16  # per section and rank in the all-gather
 ABSENT = "<absent>"
-
-
-def allow(**how):
-    """`--allow FIELD`, the fields a comparison also ignores (`diff`, `preflight`)."""
-    return flag(
-        "--allow", default=(), metavar="FIELD", **how,
-        help="also ignore this field (dotted name or glob, e.g. env.NCCL_DEBUG); repeatable",
-    )  # fmt: skip
 
 
 def flatten(value: object, prefix: str) -> dict[str, object]:

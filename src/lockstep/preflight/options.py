@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lockstep import extras
-from lockstep.env.compare import allow
+from lockstep.env.cli import allow
 from lockstep.errors import UsageError
 from lockstep.flags import argv, flag
 from lockstep.inputs import (
