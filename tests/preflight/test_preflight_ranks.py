@@ -90,7 +90,8 @@ def test_rank_1_mismatch_exits_1_and_is_named(tmp_path):
         2,
         [0, 1],
         tmp_path,
-        args=["--timeout", "60", "--json", str(report_path), "--min-busbw", "1e6"],
+        args=["--timeout", "60", "--json", str(report_path), "--min-busbw", "1e6"]
+        + ["--drain-out", str(tmp_path / "drain.txt")],
         per_rank_env={
             0: {"GITHUB_STEP_SUMMARY": str(summary), "TORCH_PLANTED_TOKEN": TOKEN},
             1: {
@@ -139,6 +140,7 @@ def test_rank_1_mismatch_exits_1_and_is_named(tmp_path):
     kinds = {(e["finding"], e["kind"]) for e in report["problem_kinds"]}
     assert kinds == {("drift", "job"), ("lock", "job"), ("busbw", "job")}, kinds
     assert report["kind"] == "job" and report["drain"] == [] and report["schema"] == 3
+    assert (tmp_path / "drain.txt").read_text() == ""  # --drain-out: nothing to drain
     assert "job problem: fix the job" in table and "problem (job):" in table
 
 
@@ -252,7 +254,8 @@ def test_a_node_whose_environment_drifts_is_named_to_drain(tmp_path):
         4,
         [0, 1, 2, 3],
         tmp_path,
-        args=["--timeout", "60", "--json", str(report_path), "--no-links"],
+        args=["--timeout", "60", "--json", str(report_path), "--no-links"]
+        + ["--drain-out", str(tmp_path / "drain.txt")],
         per_rank_env={1: {"NCCL_DEBUG": "INFO"}, 2: {"NCCL_ALGO": "Ring"}},
         per_rank_host={2: "localhost"},
     )
@@ -268,6 +271,9 @@ def test_a_node_whose_environment_drifts_is_named_to_drain(tmp_path):
         {"host": "localhost", "reason": "lockstep: differs from the other nodes in env.NCCL_ALGO"}
     ]
     assert report["kind"] == "job"  # a job problem too: excluding the node will not fix it
+    # --drain-out: the same, one line a node, as `scontrol update ... Reason=` takes it
+    drained = (tmp_path / "drain.txt").read_text()
+    assert drained == "localhost\tlockstep: differs from the other nodes in env.NCCL_ALGO\n"
 
 
 STALLING_ENTRY = """\

@@ -101,6 +101,11 @@ class Options:
         "--exclude-out", metavar="FILE", default=None, to_ranks=True,
         help="write the nodes to leave out as a Slurm host list (sbatch --exclude=$(cat FILE))",
     )  # fmt: skip
+    drain_out: str | None = flag(
+        "--drain-out", metavar="FILE", default=None, to_ranks=True,
+        help="write one line per node to drain, HOSTNAME<TAB>lockstep: REASON, as `scontrol "
+        "update NodeName=... State=DRAIN Reason=...` takes them (empty when none)",
+    )  # fmt: skip
     plot: str | None = flag(
         "--plot", metavar="DIR", default=None, to_ranks=True,
         help="write DIR/links.png, the link heatmap",
@@ -119,6 +124,7 @@ class Options:
         existing(self.lock, "lock file")
         writable(self.json, "--json")
         writable(self.exclude_out, "--exclude-out")
+        writable(self.drain_out, "--drain-out")
         if self.plot is not None:  # before any rank starts, not after the verdict
             extras.require("lockstep preflight --plot", {"matplotlib": "the link heatmap"})
         given = {name: getattr(self, name) for name in MultiNode.__dataclass_fields__}

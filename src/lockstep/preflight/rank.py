@@ -283,7 +283,11 @@ def _decide(
     verdict_board.answer(result["exit_code"])
     job.relay("verdict", result["exit_code"])
     _posted(job, VERDICT)
-    report.emit(result, json_path=Path(options.json) if options.json else None)
+    report.emit(
+        result,
+        json_path=Path(options.json) if options.json else None,
+        drain_path=Path(options.drain_out) if options.drain_out else None,
+    )
     if link_section is not None:
         link_stage.write_outputs(link_section, exclude_out=options.exclude_out, plot=options.plot)
     silent = set(link_section["silent_ranks"]) if link_section else set()

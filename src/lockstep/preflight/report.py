@@ -16,17 +16,31 @@ from lockstep.launch.hostlist import compress
 from lockstep.preflight import report_json
 from lockstep.preflight.lines import ranges
 from lockstep.preflight.verdict import tied_groups
-from lockstep.redact import scrub_text
+from lockstep.redact import escape_controls, scrub_text
 from lockstep.summary_md import md_cell, step_summary
 
 _STATUS_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 
 
-def emit(report: dict, json_path: Path | None) -> None:
+def emit(report: dict, json_path: Path | None, drain_path: Path | None = None) -> None:
     if json_path is not None:
         report_json.write(report, json_path)
+    if drain_path is not None:
+        drain_path.write_text(
+            "".join(f"{host}\t{reason}\n" for host, reason in drain_lines(report))
+        )
     print_console(report)
     step_summary(scrub_text(markdown(report)))
+
+
+def drain_lines(report: dict) -> list[tuple[str, str]]:
+    """(host, reason) of each node to drain; a tab or line break in either (a hostname is a
+    rank's own claim) would split a line, so none is left in."""
+    out = []
+    for entry in report.get("drain") or []:
+        host, reason = (escape_controls(scrub_text(str(entry[k]))) for k in ("host", "reason"))
+        out.append((host.replace(" ", "_"), reason))
+    return out
 
 
 def outlier_rows(report: dict) -> list[tuple[str, ...]]:
