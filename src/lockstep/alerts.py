@@ -1,24 +1,7 @@
 """Alert rules on per-step metrics: a threshold held for a duration, or a non-finite value.
 
-A rules file is TOML, one `[[rule]]` table per rule:
-
-    [[rule]]
-    name = "loss-high"        # optional; default "<metric>-<when>"
-    metric = "loss"           # a field of the metrics rows
-    when = "above"            # "above", "below" or "nonfinite"
-    threshold = 10.0          # not for "nonfinite"
-    for_seconds = 600         # or for_steps = 10; neither: fires at once
-    action = "warn"           # or "stop": `lockstep train` checkpoints and ends the run
-
-The same `Evaluator` runs offline (`lockstep gate alerts RULES METRICS.jsonl`) and live in
-`lockstep train` (config section `[alerts]`), fed one row at a time. A rule fires once when
-its condition has held for its duration, and re-arms when the condition clears. Durations in
-seconds use the rows' `time` (unix seconds at the end of the step; the step's own time
-counts), else the sum of their `step_time_s`.
-
-Here, outside both packages, because `lockstep.gate` and `lockstep.train` use it and neither
-imports the other. A new kind of rule is a value of `WHEN` and its branch in `Rule.holds`;
-lockstep's default rules are `default-alerts.toml` beside this module.
+The rules file: docs/gates.md#alert-rules. One `Evaluator` serves `lockstep gate alerts` and
+`lockstep train`'s live alerts; design: docs/design/base.md.
 """
 
 from __future__ import annotations
@@ -81,7 +64,7 @@ class Alert:
         )
 
     def row(self) -> dict:
-        """The metrics.jsonl line: `event` marks it, so readers of step rows skip it."""
+        """The metrics.jsonl line; `event` marks it for readers of step rows."""
         return {"event": "alert", **asdict(self), "value": _plain(self.value)}
 
 
@@ -173,7 +156,8 @@ class _State:
 
 
 class Evaluator:
-    """Feed rows in step order; `feed` returns the alerts that fire at that row."""
+    """Feed rows in step order; `feed` returns the alerts that fire at that row. A rule fires
+    once its condition has held for its duration, and re-arms when it clears."""
 
     def __init__(self, rules: list[Rule]):
         self.rules = rules
@@ -223,7 +207,7 @@ class Evaluator:
         return out
 
     def _end_time(self, row: dict) -> float:
-        """Seconds since the first row's start: from `time` where logged, else step times."""
+        """Seconds since the first row's start, from `time` where logged."""
         step_time = as_float(row.get("step_time_s"))
         if "time" in row and math.isfinite(as_float(row["time"])):
             now = as_float(row["time"])
@@ -236,7 +220,7 @@ class Evaluator:
         return self._clock
 
     def unevaluated(self) -> list[Rule]:
-        """Rules whose metric never appeared: say so, never pass them silently."""
+        """Rules whose metric never appeared: never passed silently."""
         return [r for r in self.rules if r.metric not in self.seen]
 
 

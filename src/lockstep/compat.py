@@ -1,75 +1,56 @@
-"""torch's, DeepSpeed's and Python's private APIs that lockstep relies on, in one place: after a
-torch (or DeepSpeed, or Python) upgrade, this is the file to read. Public torch and torchelastic
-API (`elastic_launch`, `ChildFailedError`, `DefaultLogsSpecs` ...) is used where it is needed,
-not here.
-
-Nothing here imports torch when this module is imported.
+"""The private APIs of torch, DeepSpeed and Python that lockstep uses: read after an upgrade.
+Imports no torch. Why each: docs/design/base.md.
 """
 
 from __future__ import annotations
 
 import sys
 
-# A private module every forked rank has imported (`launch.forkserver.BASE_PRELOAD`): the first
-# optimizer a process builds imports it, 2 s of CPU here, as much as torch itself.
+# the forkserver preloads it: a process's first optimizer imports it
 TORCH_DYNAMO = "torch._dynamo"
 
-# The signals torchelastic's PContext.start installs its handlers for, and which it sets
-# (`launch.cleanup.launch_scope` puts both back as they were after a launch).
+# the signals torchelastic's PContext.start takes over
 ELASTIC_SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 
 
 def all_gather_single(dist, output, tensor) -> None:
-    """Every rank's `tensor` into one `output` tensor: `dist.all_gather_single` from torch
-    2.13, which deprecates the same call's older name, `all_gather_into_tensor` (and warns on
-    stderr at each use), used before it."""
+    """`all_gather_single`, or its older name before torch 2.13."""
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     gather(output, tensor)
 
 
 def nccl_in_build(torch) -> bool:
-    """Whether this torch was built with NCCL (`torch._C._nccl_version`); without it
-    `torch.cuda.nccl.version()` fails."""
+    """Whether this torch was built with NCCL."""
     return hasattr(torch._C, "_nccl_version")
 
 
 def default_group():
-    """The default process group (c10d's `_get_default_group`); raises when there is none."""
+    """The default process group; raises without one."""
     from torch.distributed import distributed_c10d
 
     return distributed_c10d._get_default_group()
 
 
 def default_group_or_none():
-    """The default process group, or None when there is none (c10d's `_world.default_pg`)."""
+    """The default process group, or None."""
     from torch.distributed import distributed_c10d
 
     return distributed_c10d._world.default_pg
 
 
 def process_groups() -> list:
-    """Every process group c10d holds, the default one included (`_world.pg_map`)."""
+    """Every process group, the default one included."""
     from torch.distributed import distributed_c10d
 
     return list(distributed_c10d._world.pg_map)
 
 
-# The flight recorder's buffer size (entries per process; 0 turns it off). torch 2.13 reads
-# TORCH_FR_BUFFER_SIZE, then TORCH_NCCL_TRACE_BUFFER_SIZE, default 2000, for every backend
-# (gloo included: FlightRecorder.hpp); older torch reads only the NCCL name.
+# the flight recorder's size: new name, then old
 FR_BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 
 
 def dump_flight_recorder() -> bytes:
-    """This process's flight recorder, pickled (`_dump_fr_trace`: a dict of builtins with a
-    "version" field, "pg_config", "pg_status" and "entries", one per collective).
-
-    Without the entries' C++/Python stack traces: symbolizing them imports `torch._inductor`
-    (about 800 modules, 1.1-2 CPU-s a rank, every rank at its end), and lockstep's report takes
-    each rank's Python stack from faulthandler instead.
-
-    Under NCCL the entries are in NCCL's own recorder (`_dump_nccl_trace`): `_dump_fr_trace`
-    returned an empty dump after four completed NCCL collectives on an H200 (torch 2.11)."""
+    """This process's flight recorder, pickled (NCCL's own under NCCL)."""
     import torch
     import torch.distributed as dist
 
@@ -84,30 +65,19 @@ def dump_flight_recorder() -> bytes:
 
 
 def deepspeed_engine_config(engine):
-    """A DeepSpeed engine's parsed config (`DeepSpeedEngine._config`): lockstep sets its
-    `load_universal_checkpoint` flag before a load, the only time DeepSpeed reads it."""
+    """A DeepSpeed engine's parsed config."""
     return engine._config
 
 
 def quick_rendezvous_event_names() -> None:
-    """Make torchelastic's dynamic rendezvous (c10d, torchrun's default) name its events without
-    `inspect.stack()`; once per process, idempotent.
-
-    `DynamicRendezvousHandler._record` names each event `get_method_name()`, which calls
-    `inspect.stack()` twice: every frame's source lines read, and each frame's module looked
-    up through all of `sys.modules`. It does so before `construct_and_record_rdzv_event` finds
-    that no handler records the event (torch's default), for each of the events of a launch.
-    With torch, DeepSpeed and transformers imported and a deep stack, that was most of the CPU
-    of a launch (docs/benchmarks.md, "torchelastic's rendezvous events"). The replacement
-    reads the one frame it names (`sys._getframe`): the same name, from the same frame."""
+    """Name torchelastic's rendezvous events from one frame, not `inspect.stack()`."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     dynamic_rendezvous.get_method_name = _calling_method_name
 
 
 def _calling_method_name(depth: int = 2) -> str:
-    """`dynamic_rendezvous.get_method_name`'s answer: the name of the function `depth` frames
-    up from this one (`inspect.stack()[depth].function`), or its "no_method_name"."""
+    """The name of the function `depth` frames up."""
     try:
         return sys._getframe(depth).f_code.co_name
     except ValueError:  # the stack is not that deep
@@ -115,26 +85,21 @@ def _calling_method_name(depth: int = 2) -> str:
 
 
 def remove_temporary_folders() -> None:
-    """Remove the folders of the `tempfile.TemporaryDirectory` objects this process holds, as
-    Python's exit would (their `weakref.finalize` runs at exit), in a process about to end with
-    `os._exit`, which leaves them behind: wandb makes two at import ("tmp...wandb-artifacts",
-    "tmp...wandb-media"). Not those a forked rank inherited (`disown_temporary_folders`)."""
+    """Before `os._exit`: remove this process's `TemporaryDirectory` folders."""
     for finalizer in _temporary_folder_finalizers():
         held = finalizer.peek()
         if held is not None and finalizer.atexit:
-            held[0].cleanup()  # as the object's own cleanup, without the implicit-cleanup warning
+            held[0].cleanup()  # no implicit-cleanup warning
 
 
 def disown_temporary_folders() -> None:
-    """In a process just forked: the `tempfile.TemporaryDirectory` folders it inherited are its
-    parent's, removed by neither this process's exit nor `remove_temporary_folders`."""
+    """In a forked process: keep the inherited `TemporaryDirectory` folders."""
     for finalizer in _temporary_folder_finalizers():
         finalizer.atexit = False
 
 
 def _temporary_folder_finalizers() -> list:
-    """The live finalizers of `tempfile.TemporaryDirectory` objects (`weakref.finalize`'s
-    registry; each calls the class's `_cleanup`)."""
+    """The live `weakref.finalize` entries of `TemporaryDirectory` objects."""
     import tempfile
     import weakref
 

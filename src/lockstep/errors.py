@@ -1,8 +1,5 @@
-"""Errors that end a command with a one-line message and a documented exit code.
-
-Exit codes, the same for every command: 0 ok, 1 a check found a mismatch or failure,
-2 usage or bad input (config, file, launcher variables), 3 timeout or missing ranks,
-4 not judged: a check or gate that could not decide (it says why; never printed as PASS).
+"""Errors that end a command with a one-line message and its exit code, the same for every
+command: 0 ok, 1 a failure found, 2 bad input, 3 timeout or missing ranks, 4 not judged.
 """
 
 EXIT_OK = 0
@@ -13,7 +10,7 @@ EXIT_NOT_JUDGED = 4
 
 
 class LockstepError(Exception):
-    """A failure the user can act on; `str(err)` is the whole message, one line."""
+    """A failure the user can act on; `str(err)` is the one-line message."""
 
     exit_code = EXIT_USAGE
 
@@ -24,7 +21,7 @@ class LockstepError(Exception):
 
 
 class UsageError(LockstepError):
-    """Bad input: a malformed config, a missing file, half-set launcher variables."""
+    """Bad input: a config, a file, launcher variables."""
 
     exit_code = EXIT_USAGE
 
@@ -36,6 +33,6 @@ class CheckFailed(LockstepError):
 
 
 class RankTimeout(LockstepError):
-    """Peers did not answer in time; the message names them."""
+    """Peers did not answer in time."""
 
     exit_code = EXIT_TIMEOUT

@@ -1,8 +1,5 @@
-"""What lockstep reads from the user, bounded and checked: a file it is given, JSON or TOML it
-parses, a path it will write, a number on the command line. Anything outside the bounds is one
-line (`UsageError`, exit 2) that names the input, never a traceback and never a wait: a binary
-file, a folder, pipe or device where a file should be, JSON or TOML nested deeper than
-MAX_DEPTH, a number of thousands of digits, a timeout of `nan` or `1e300`.
+"""What lockstep reads from the user, bounded and checked: outside the bounds, a `UsageError`
+naming the input, never a traceback or a wait. Design: docs/design/base.md.
 """
 
 from __future__ import annotations
@@ -17,12 +14,11 @@ from pathlib import Path
 
 from lockstep.errors import UsageError
 
-MAX_INPUT_BYTES = 256 * 2**20  # any file lockstep reads: goldens, metrics, configs, locks, dumps
-MAX_DEPTH = 64  # nesting of any JSON or TOML input; lockstep's own formats use fewer than 8
+MAX_INPUT_BYTES = 256 * 2**20  # any file lockstep reads
+MAX_DEPTH = 64
 MAX_SECONDS = 7 * 24 * 3600.0  # a timeout longer than a week is a typo, not a plan
 
 _CHUNK = 2**20
-# Not a file: what each kind is called in the one-line refusal.
 _KINDS = (
     (stat.S_ISDIR, "a folder"),
     (stat.S_ISFIFO, "a pipe (FIFO)"),
@@ -44,14 +40,7 @@ def _mode(path: Path) -> int | None:
 
 
 def read_bytes(path: str | Path, what: str) -> bytes:
-    """The bytes of a regular file the user named: missing, unreadable, not a regular file (a
-    folder, pipe, device or socket) or over MAX_INPUT_BYTES is a one-line UsageError naming
-    `what` and the path.
-
-    The file is opened without blocking (a FIFO with no writer would otherwise wait forever in
-    open) and checked and read through that one descriptor, so what is checked is what is read.
-    The bound counts the bytes read, not the size stat reports: /proc and /sys files report 0,
-    and /dev/zero has no end."""
+    """The bytes of a regular file the user named, checked and read through one descriptor."""
     path = Path(path)
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
     try:
@@ -87,7 +76,7 @@ def read_bytes(path: str | Path, what: str) -> bytes:
 
 
 def read_text(path: str | Path, what: str) -> str:
-    """A UTF-8 text file the user named (`read_bytes`); not UTF-8 is a one-line UsageError."""
+    """A UTF-8 text file the user named (`read_bytes`)."""
     try:
         return read_bytes(path, what).decode("utf-8")
     except UnicodeDecodeError as err:
@@ -101,8 +90,7 @@ def too_deep(what: str) -> UsageError:
 
 
 def bounded_depth(value, what: str):
-    """`value` (parsed JSON or TOML) when it nests at most MAX_DEPTH lists and tables, else a
-    one-line UsageError: the code that walks it later recurses. The walk itself does not."""
+    """`value` (JSON or TOML) when at most MAX_DEPTH deep: later walks recurse."""
     stack = [(value, 1)] if isinstance(value, (dict, list)) else []
     while stack:
         node, depth = stack.pop()
@@ -115,12 +103,10 @@ def bounded_depth(value, what: str):
 
 
 def load_json(text: str, what: str, **options):
-    """`json.loads` of `text` (with `options`), at most MAX_DEPTH deep: deeper nesting, a
-    number of more digits than Python converts, or malformed JSON is a one-line UsageError
-    naming `what`."""
+    """`json.loads`, at most MAX_DEPTH deep; else a UsageError naming `what`."""
     try:
         return bounded_depth(json.loads(text, **options), what)
-    except RecursionError:  # nested past the interpreter's limit, before MAX_DEPTH is checked
+    except RecursionError:  # past the interpreter's limit
         raise too_deep(what) from None
     except json.JSONDecodeError as err:
         raise UsageError(f"{what}: not JSON ({err.msg} at line {err.lineno})") from None
@@ -129,15 +115,12 @@ def load_json(text: str, what: str, **options):
 
 
 def read_json(path: str | Path, what: str):
-    """A JSON file the user named (`read_text`, then `load_json`)."""
+    """A JSON file the user named."""
     return load_json(read_text(path, what), f"{what} {path}")
 
 
 def load_toml(text: str, what: str) -> dict:
-    """`tomllib.loads` of `text`, at most MAX_DEPTH deep: deeper nesting or malformed TOML is a
-    one-line UsageError naming `what`. tomllib recurses into arrays and inline tables (a
-    RecursionError past the interpreter's limit); dotted keys nest without recursing, so the
-    parsed value is bounded too."""
+    """`tomllib.loads`, at most MAX_DEPTH deep; else a UsageError naming `what`."""
     try:
         return bounded_depth(tomllib.loads(text), what)
     except RecursionError:
@@ -147,13 +130,12 @@ def load_toml(text: str, what: str) -> dict:
 
 
 def read_toml(path: str | Path, what: str) -> dict:
-    """A TOML file the user named (`read_text`, then `load_toml`)."""
+    """A TOML file the user named."""
     return load_toml(read_text(path, what), str(path))
 
 
 def writable(path: str | Path | None, what: str = "output", *, makes_folder: bool = False) -> None:
-    """Refuse, before any work, a path lockstep is to write that is a folder itself, or whose
-    folder is missing (unless the writer makes it: `makes_folder`)."""
+    """Refuse an output path that is a folder or whose folder is missing."""
     if path is None:
         return
     path = Path(path)
@@ -164,7 +146,7 @@ def writable(path: str | Path | None, what: str = "output", *, makes_folder: boo
 
 
 def existing(path: str | Path | None, what: str) -> Path | None:
-    """A file the user named that must exist (None stays None)."""
+    """A file the user named that must exist."""
     if path is None:
         return None
     if not Path(path).is_file():
@@ -174,7 +156,7 @@ def existing(path: str | Path | None, what: str) -> Path | None:
     return Path(path)
 
 
-# argparse value types: a bad value is argparse's own one-line usage error (exit 2).
+# argparse types: a bad value is argparse's one-line usage error.
 
 
 def positive_int(text: str) -> int:

@@ -1,13 +1,6 @@
-"""What makes a model's result depend on how the batch is split over ranks, by construction:
-dropout with p > 0 (module, functional or attention's `dropout_p`) and BatchNorm that
-normalises over the local batch. Found by watching the torch functions a forward calls (a
-`TorchFunctionMode`), so a renamed subclass or a functional call is found as well as
-`nn.Dropout`; SyncBatchNorm and frozen BatchNorm are not local.
-
-`Watch` records what one step's forwards call; with `neutralise` it also switches each
-finding off (dropout to p=0, BatchNorm to its running statistics, not updated), as
-the world-size check asks through LOCKSTEP_LOCAL_BATCH. BatchNorm without running statistics
-cannot be switched off: it is recorded as not neutralised. A base module: torch only.
+"""Dropout and local-batch BatchNorm, which make a model depend on how the batch is split over
+ranks: found in a forward's torch calls, and switched off on request.
+Design: docs/design/protocol.md#local-batch.
 """
 
 from __future__ import annotations
@@ -19,13 +12,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-# set by lockstep's runner: "detect" (one step watched), "neutralise" (every finding switched
-# off, every step)
+# "detect" (one step) or "neutralise" (every step)
 MODE = "LOCKSTEP_LOCAL_BATCH"
 DROPOUT, BATCHNORM = "dropout", "batchnorm"
 
-# function -> (the probability's position and name, the training flag's position and
-# name, or None where the function has none: it drops whenever p > 0)
+# function -> p's position and name, the training flag's (None: always on)
 _DROPOUT = {F.dropout: (1, "p", 2, "training"), F.alpha_dropout: (1, "p", 2, "training"),
             F.feature_alpha_dropout: (1, "p", 2, "training"),
             F.dropout1d: (1, "p", 2, "training"), F.dropout2d: (1, "p", 2, "training"),
@@ -49,8 +40,7 @@ def _set(args, kwargs, pos: int, name: str, value):
 
 
 def unwrap(module: nn.Module) -> list[nn.Module]:
-    """A wrapper and what it wraps, outermost first (DDP, FSDP and DeepSpeed keep it as
-    `module`, Lightning's wrapper as `_forward_module`): the last is the user's model."""
+    """A wrapper and what it wraps, outermost first: the last is the user's model."""
     chain = [module]
     while len(chain) < 8:
         inner = [getattr(chain[-1], a, None) for a in ("module", "_forward_module")]
@@ -62,15 +52,13 @@ def unwrap(module: nn.Module) -> list[nn.Module]:
 
 
 class Watch(TorchFunctionMode):
-    """Finds dropout and local-batch BatchNorm in the forwards it sees, as `found`:
-    {(kind, module name): neutralised}, names relative to the user's model. `enter` and
-    `leave` are called around every module call (`lockstep.track`'s hooks): the outermost
-    call enters the mode, its end leaves it."""
+    """Findings in the forwards it sees: {(kind, module): neutralised}; `enter` and `leave` go
+    around every module call."""
 
     def __init__(self, neutralise: bool, since: int):
         super().__init__()
         self.neutralise = neutralise
-        self.since = since  # the first step whose forwards it saw
+        self.since = since  # the first step it watched
         self.found: dict[tuple[str, str], bool] = {}
         self.stack: list[nn.Module] = []
         self.names: dict[int, str] = {}
@@ -105,8 +93,7 @@ class Watch(TorchFunctionMode):
         return func(*args, **kwargs)
 
     def _local_batch_norm(self, args, kwargs) -> bool:
-        """Batch statistics, not from SyncBatchNorm (on one rank it falls back to
-        batch_norm, over the whole batch then)."""
+        """Batch statistics, not SyncBatchNorm's one-rank fallback."""
         sync = self.stack and isinstance(self.stack[-1], nn.SyncBatchNorm)
         return bool(_arg(args, kwargs, 5, "training", False)) and not sync
 
@@ -124,13 +111,13 @@ class Watch(TorchFunctionMode):
                 self.__exit__(None, None, None)
 
     def record(self) -> dict:
-        """What a metrics line carries: the first step watched, and each finding."""
+        """The metrics line's `local_batch` field."""
         found = [[kind, name, done] for (kind, name), done in sorted(self.found.items())]
         return {"from": self.since, "found": found}
 
 
 def describe(found) -> str:
-    """'dropout in fc, head; BatchNorm in bn1' for findings, (kind, module) pairs."""
+    """'dropout in fc, head; BatchNorm in bn1' for (kind, module) pairs."""
     parts = []
     for kind, label in ((DROPOUT, "dropout"), (BATCHNORM, "BatchNorm")):
         modules = sorted({m for k, m in found if k == kind})
@@ -143,7 +130,7 @@ def describe(found) -> str:
 
 @contextlib.contextmanager
 def watching(neutralise: bool):
-    """A `Watch` over every module call inside (lockstep's reference job, in process)."""
+    """A `Watch` over every module call inside."""
     watch = Watch(neutralise, 1)
     hooks = nn.modules.module
     pre = hooks.register_module_forward_pre_hook(lambda module, args: watch.enter(module))
@@ -158,8 +145,7 @@ def watching(neutralise: bool):
 
 
 def findings(records) -> tuple[dict[tuple[str, str], bool], int | None]:
-    """What a run's metrics lines say its watch found, {(kind, module): neutralised}, and
-    the first step it watched (None: no line carries a watch)."""
+    """A run's findings from its metrics lines, and the first step watched."""
     found: dict[tuple[str, str], bool] = {}
     since = None
     for record in records:

@@ -1,14 +1,7 @@
-"""Per-module digests of a model's passes, step by step: what a failed check's replay
-records on both runs (`lockstep.checks.divergence` compares them) and what a user's script
-writes under `lockstep.track.watch`.
+"""Per-module digests of a model's forward, backward and update, step by step: what a failed
+check's replay records (`track.watch`) and `checks.divergence` compares.
 
-A `Recorder` hooks every module for its forward output, the optimizer for the gradients it
-is about to step with, and takes the parameters after the update; each tensor is reduced to
-a small `Digest` (float64 moments and a hash of its bytes, never the tensor). A `StepRecord`
-holds one step's digests and travels as one JSON line (`to_json`, `from_json`).
-
-A base module: it imports torch and nothing of lockstep, so `track` (the user's side of the
-protocol) and `checks` both use it.
+Design: docs/design/protocol.md#module-digests.
 """
 
 from __future__ import annotations
@@ -26,8 +19,7 @@ GOLDEN = 0.7548776662466927  # quasi-random weights for the projection moment
 
 @dataclass(frozen=True)
 class Digest:
-    """A tensor in a few numbers: float64 sum, L2 norm, max |x|, a fixed projection, and a
-    hash of its bytes (exact comparison)."""
+    """A tensor in a few float64 moments, and a hash of its bytes."""
 
     numel: int
     sum: float
@@ -69,7 +61,7 @@ def digest(t: torch.Tensor) -> Digest:
 
 @dataclass
 class StepRecord:
-    """One optimizer step's digests, each pass a list of (name, digest) in its order."""
+    """One optimizer step's digests: (name, digest) per pass, in order."""
 
     step: int
     forward: list[tuple[str, Digest]] = field(default_factory=list)
@@ -77,7 +69,7 @@ class StepRecord:
     update: list[tuple[str, Digest]] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        """The record as one JSON object: `step`, then each pass as [[name, digest], ...]."""
+        """`step`, then each pass as [[name, digest], ...]."""
         return {"step": self.step} | {
             pass_: [[n, asdict(d)] for n, d in getattr(self, pass_)] for pass_ in PASSES
         }
@@ -102,20 +94,15 @@ def _first_tensor(out):
 
 
 class Recorder:
-    """Digests of one model's passes, step by step. `module` is the user's (unwrapped) model
-    as the engine runs it; `optimizer` the one that steps its parameters by those names (None
-    for an engine whose optimizer holds flat partitions: forward and update only).
-
-    Gradients are taken as the optimizer sees them (reduced, clipped); `end_step(clip_coef)`
-    divides the clip coefficient back out, so one parameter's bad gradient is not hidden by
-    the global rescale it causes. Parameters after the update come from `params_after`."""
+    """Digests of one unwrapped model's passes; without `optimizer` (flat partitions), forward
+    and update only. `end_step` divides the clip coefficient out of the gradients."""
 
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer | None = None):
         self.module = module
         self.records: list[StepRecord] = []
         self.current = StepRecord(0)
         self.calls: dict[str, int] = {}
-        self.order: list[str] = []  # modules in first-execution order (for backward order)
+        self.order: list[str] = []  # first-execution order: backward's is its reverse
         self.handles = []
         self.on = True
         self.names = {id(p): n for n, p in module.named_parameters()}

@@ -1,10 +1,5 @@
-"""lockstep's reference job (`lockstep train CONFIG`) as a job someone else runs: the gate
-(`gate/job.py`) launches it as a black box, like a script, and needs only what this module
-reads from its config: the steps, the settings that key a golden's environment, a digest of
-the resolved config, the extras it needs and its command line.
-
-Here, outside both packages, because `lockstep.gate` does not import `lockstep.train`: the
-config model stays `train.config`'s, and this is the one place the gate learns from it.
+"""lockstep's reference job (`lockstep train CONFIG`) as the gate launches it: what the gate
+needs from its config. Outside both packages: the gate does not import `lockstep.train`.
 """
 
 from __future__ import annotations
@@ -16,7 +11,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ReferenceJob:
-    """A run config with `--set` overrides, loaded and checked for `nproc` ranks (`load`)."""
+    """A run config with `--set` overrides, checked for `nproc` ranks."""
 
     config: Path
     overrides: tuple[str, ...]
@@ -28,7 +23,7 @@ class ReferenceJob:
         return self.cfg.steps
 
     def settings(self) -> dict:
-        """The job's own key fields of a golden's environment (`gate.envkey.environment`)."""
+        """Its fields of a golden's environment key."""
         from lockstep.train.engine_table import ENGINES
 
         cfg = self.cfg
@@ -42,11 +37,11 @@ class ReferenceJob:
         }
 
     def resolved(self) -> str:
-        """The resolved config as JSON: what the job's digest is taken over."""
+        """The resolved config as JSON."""
         return self.cfg.model_dump_json()
 
     def require_extras(self, what: str) -> None:
-        """One line naming a missing extra (`lockstep.extras`), before any rank starts."""
+        """One line naming a missing extra, before any rank starts."""
         from lockstep.train.config import require_config
 
         require_config(what, self.cfg)
@@ -54,8 +49,7 @@ class ReferenceJob:
     def argv(
         self, workdir: Path, cwd: Path | None = None, extra: tuple[str, ...] = ()
     ) -> list[str]:
-        """`-m lockstep train CONFIG --out WORKDIR --set ...` (the overrides, then `extra`);
-        with `cwd` (another version's tree), that version's config where it has one."""
+        """`-m lockstep train CONFIG ...`; with `cwd`, that tree's config where it has one."""
         config = self.config
         if cwd is not None and (cwd / self.config).is_file():
             config = cwd / self.config
@@ -64,8 +58,7 @@ class ReferenceJob:
 
 
 def load(config: Path, overrides: list[str], nproc: int, steps: int | None = None) -> ReferenceJob:
-    """The config with its overrides (and `steps`), checked for `nproc` ranks (UsageError
-    when not)."""
+    """The config with its overrides, checked for `nproc` ranks."""
     from lockstep.train.config import load_config
 
     cfg = load_config(config, [*overrides, *([f"steps={steps}"] if steps else [])])

@@ -1,20 +1,5 @@
-"""Whether a run's own metrics let it pass at all: every compared value finite, and signs
-that it trains. Two NaN curves, or two flat ones, agree as readily as two sound ones; every
-check and gate asks this first, so that no such run passes (and no value is called better
-for being NaN).
-
-- A value logged as NaN or inf, however it was written (JSON `NaN` and `Infinity`, the
-  strings `"nan"`, `"inf"`, `"Infinity"`... that `lockstep.track` writes), is a failure;
-  except a non-finite `grad_norm` on a step the optimizer skipped (`skipped: true`, fp16
-  loss scaling), which is a note. A non-finite loss always fails.
-- A metric absent at a step (or logged as null) is "not logged" there, never NaN.
-- A run does not train when its loss is bitwise identical over `FLAT_STEPS` or more
-  consecutive logged steps, when its gradient norm is zero at every logged step, when its
-  parameter digest covered no tensor (`track.EMPTY_DIGEST`), when its parameter digest is the
-  same after every logged step the optimizer did not skip (no update: a loss that moves with
-  the data hides it), or when its loss explodes while finite (`exploding_loss`).
-- Without a parameter digest, whether the parameters change cannot be judged: a note
-  (`update_notes`), never a failure.
+"""Whether a run's own metrics let it pass at all: every compared value finite, and signs that
+it trains. The rules and their reasons: docs/design/protocol.md#run-health.
 """
 
 from __future__ import annotations
@@ -25,10 +10,8 @@ from dataclasses import dataclass
 
 from lockstep.track import EMPTY_DIGEST
 
-FLAT_STEPS = 3  # a loss bitwise identical over this many consecutive logged steps is flat
-# A loss explodes past this many times its scale: its first finite logged value, but at least
-# LOSS_FLOOR (a first loss at or near 0 sets no scale). Sound runs, docs/benchmarks.md: the
-# largest loss over the first, across every script the test suite checks, is far below it.
+FLAT_STEPS = 3  # logged steps of one loss: flat
+# exploding: over this many times the first loss, or LOSS_FLOOR
 EXPLODE_FACTOR = 1e3
 LOSS_FLOOR = 1.0
 NON_FINITE_TEXT = frozenset(
@@ -44,12 +27,12 @@ EXPLODING = "exploding loss"
 
 @dataclass(frozen=True)
 class Problem:
-    """What makes a run unfit to pass: its `kind`, the first step and metric, and the words."""
+    """Why a run cannot pass, at which step and metric."""
 
     kind: str
     step: int | None
     metric: str
-    value: str  # as logged, for the report (repr of a float)
+    value: str  # as logged (repr of a float)
     text: str
 
     def to_dict(self) -> dict:
@@ -57,8 +40,7 @@ class Problem:
 
 
 def number(value) -> float | None:
-    """A logged value as a float: a number, or a spelling of NaN or inf (any case); None for
-    anything else (not logged, null, a digest, other text)."""
+    """A logged number (or NaN, inf) as a float, else None."""
     if value is None or isinstance(value, bool):
         return None
     if isinstance(value, int | float):
@@ -75,19 +57,18 @@ def is_non_finite(value) -> bool:
 
 
 def skipped(record: dict) -> bool:
-    """The optimizer skipped this step's update (fp16 loss scaling found inf or NaN)."""
+    """The optimizer skipped this step's update (fp16 loss scaling)."""
     return record.get("skipped") is True
 
 
 def _in_order(records: list[dict]) -> list[dict]:
-    """One record per step (the last), by step: a resumed run may log a step twice."""
+    """The last record of each step (a resume repeats steps), by step."""
     by_step = {int(r["step"]): r for r in records if "step" in r}
     return [by_step[s] for s in sorted(by_step)]
 
 
 def first_non_finite(records: list[dict], metrics: tuple[str, ...]) -> Problem | None:
-    """The first step, and in it the first of `metrics`, logged as NaN or inf; a gradient
-    norm on a skipped step does not count (`skipped_notes`)."""
+    """The first of `metrics` not finite, but a skipped step's gradient norm."""
     for record in _in_order(records):
         for metric in metrics:
             value = record.get(metric)
@@ -101,7 +82,7 @@ def first_non_finite(records: list[dict], metrics: tuple[str, ...]) -> Problem |
 
 
 def skipped_notes(records: list[dict]) -> list[str]:
-    """Steps the optimizer skipped with a non-finite gradient norm: noted, not failed."""
+    """Skipped steps with a non-finite gradient norm: noted, not failed."""
     steps = [int(r["step"]) for r in _in_order(records)
              if skipped(r) and is_non_finite(r.get("grad_norm"))]  # fmt: skip
     if not steps:
@@ -118,8 +99,7 @@ def _bits(x: float) -> bytes:
 
 
 def flat_loss(records: list[dict]) -> Problem | None:
-    """`FLAT_STEPS` or more consecutive logged steps whose loss is bitwise identical (and
-    finite: NaN and inf are `first_non_finite`'s)."""
+    """`FLAT_STEPS` or more logged steps of one finite loss, bitwise."""
     logged = [(int(r["step"]), number(r.get("loss"))) for r in _in_order(records)]
     logged = [(s, x) for s, x in logged if x is not None and math.isfinite(x)]
     start = 0
@@ -137,7 +117,7 @@ def flat_loss(records: list[dict]) -> Problem | None:
 
 
 def zero_gradients(records: list[dict]) -> Problem | None:
-    """A gradient norm logged, and zero at every step that logged it."""
+    """Gradient norms logged, all zero."""
     norms = [(int(r["step"]), number(r.get("grad_norm"))) for r in _in_order(records)]
     norms = [(s, x) for s, x in norms if x is not None]
     if not norms or any(x != 0 for _, x in norms):
@@ -149,7 +129,7 @@ def zero_gradients(records: list[dict]) -> Problem | None:
 
 
 def empty_digest(records: list[dict]) -> Problem | None:
-    """The first step whose parameter digest covered no tensor."""
+    """A parameter digest of no tensor."""
     for record in _in_order(records):
         if record.get("param_digest") == EMPTY_DIGEST:
             return Problem(EMPTY, int(record["step"]), "param_digest", EMPTY_DIGEST,
@@ -161,8 +141,7 @@ def empty_digest(records: list[dict]) -> Problem | None:
 
 
 def no_update(records: list[dict]) -> Problem | None:
-    """The parameter digest the same after each of two or more logged steps that the
-    optimizer did not skip: those steps changed no parameter."""
+    """The same parameter digest after every step not skipped."""
     logged = [(int(r["step"]), r["param_digest"]) for r in _in_order(records)
               if isinstance(r.get("param_digest"), str) and not skipped(r)]  # fmt: skip
     if len(logged) < 2 or len({d for _, d in logged}) > 1:
@@ -176,8 +155,7 @@ def no_update(records: list[dict]) -> Problem | None:
 
 
 def exploding_loss(records: list[dict]) -> Problem | None:
-    """The first step whose finite loss is over `EXPLODE_FACTOR` times the run's scale: its
-    first finite loss, or `LOSS_FLOOR` if that is smaller (a first loss at or near 0)."""
+    """A finite loss over `EXPLODE_FACTOR` times the run's scale."""
     losses = [(int(r["step"]), number(r.get("loss"))) for r in _in_order(records)]
     losses = [(s, x) for s, x in losses if x is not None and math.isfinite(x)]
     if not losses:
@@ -195,14 +173,13 @@ def exploding_loss(records: list[dict]) -> Problem | None:
 
 
 def not_training(records: list[dict]) -> Problem | None:
-    """A flat loss, zero gradients, an empty parameter digest, no update or an exploding
-    loss, the first found."""
+    """The first sign that the run does not train."""
     return (flat_loss(records) or zero_gradients(records) or empty_digest(records)
             or no_update(records) or exploding_loss(records))  # fmt: skip
 
 
 def update_notes(records: list[dict]) -> list[str]:
-    """A note when no parameter digest was logged: an update cannot be judged."""
+    """A note when no parameter digest was logged."""
     if len(records) < 2 or any("param_digest" in r for r in records):
         return []
     return ["no parameter digest logged, so whether a step updates the parameters cannot be "
@@ -210,6 +187,5 @@ def update_notes(records: list[dict]) -> list[str]:
 
 
 def problem(records: list[dict], metrics: tuple[str, ...]) -> Problem | None:
-    """The first reason this run cannot pass: a non-finite value among `metrics`, else a run
-    that does not train; None for a sound run."""
+    """The first reason this run cannot pass; None for a sound run."""
     return first_non_finite(records, metrics) or not_training(records)

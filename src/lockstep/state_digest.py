@@ -1,7 +1,5 @@
-"""Exact digests of a model's state for the protocol's metrics lines (`lockstep.track.log`):
-`param_digest` and `buffer_digest`, and the hooks of a check's run (`observe`) that read the
-buffers as each step's forward enters the model, where DDP promises them equal, and carry the
-local-batch watch (`lockstep.local_batch`). A base module: torch only, besides that watch.
+"""Exact digests of a model's parameters and buffers, and the hooks that read the buffers each
+step enters with. Design: docs/design/protocol.md#state-digests.
 """
 
 from __future__ import annotations
@@ -12,13 +10,11 @@ import os
 _INT_VIEW = {1: "int8", 2: "int16", 4: "int32", 8: "int64"}
 
 
-EMPTY_DIGEST = hashlib.sha256().hexdigest()[:16]  # what `digests` gives for no tensor at all
+EMPTY_DIGEST = hashlib.sha256().hexdigest()[:16]  # of no tensor at all
 
 
 def _covered(t, gather: bool):
-    """The tensor a digest covers. A parameter each rank holds a piece of (FSDP2's DTensor,
-    ZeRO-3) is gathered to its full value when every rank digests (`gather`: a collective,
-    so replicas compare the same thing), else this rank's own piece."""
+    """A sharded tensor's full value with `gather`, else this rank's shard."""
     if type(t).__name__ == "DTensor":
         return t.full_tensor() if gather else t.to_local()
     if getattr(t, "ds_id", None) is not None:
@@ -32,9 +28,7 @@ def _covered(t, gather: bool):
 
 
 def _checksums(tensors) -> list[int]:
-    """Two exact integer checksums per tensor over its raw bits: the sum of the bit patterns
-    and the sum of their squares, in int64 (integer sums do not depend on reduction order,
-    so equal tensors give equal checksums on any device; wrap-around is deterministic)."""
+    """Per tensor, int64 sums of its bit patterns and their squares."""
     import torch
 
     sums = []
@@ -55,7 +49,7 @@ def _checksums(tensors) -> list[int]:
 
 
 def _sums(named, gather: bool) -> list[str]:
-    """One line per tensor: its name, shape, dtype and `_checksums` pair."""
+    """A line per tensor."""
     items = [(n, _covered(t, gather)) for n, t in named if t is not None]
     sums = _checksums(t for _, t in items)
     return [f"{name}:{tuple(t.shape)}:{t.dtype}:{sums[2 * i]}:{sums[2 * i + 1]}"
@@ -70,19 +64,14 @@ def _digest(lines: list[str]) -> str:
 
 
 def param_digest(model, gather: bool = False) -> str:
-    """`param_digest` alone (`digests`), over the model inside any wrapper (DDP's names
-    without `module.`, as the hooks read it)."""
+    """`param_digest` of the model inside any wrapper."""
     from lockstep.local_batch import unwrap
 
     return _digest(_sums(unwrap(model)[-1].named_parameters(), gather))
 
 
 def digests(model, gather: bool = False) -> dict[str, str]:
-    """`param_digest` and `buffer_digest` of a module on this rank: 16 hex digits each, equal
-    when every parameter (every buffer) is bitwise equal; `EMPTY_DIGEST` when it holds none.
-    Costs two integer reductions per tensor and one transfer. Sharded parameters (DTensor,
-    ZeRO-3) count by their full value with `gather` (every rank must call it then), else by
-    this rank's shard (`_covered`)."""
+    """`param_digest` and `buffer_digest`, 16 hex digits each; with `gather`, on every rank."""
     return {
         "param_digest": param_digest(model, gather),
         "buffer_digest": _digest(_sums(model.named_buffers(), gather)),
@@ -90,7 +79,7 @@ def digests(model, gather: bool = False) -> dict[str, str]:
 
 
 def _buffer_fields(lines: list[str] | None) -> dict:
-    """`buffer_digest` and each buffer's own (`buffers`) from `_sums`; none without lines."""
+    """`buffer_digest` and `buffers`, or none."""
     if lines is None:
         return {}
     each = {line.split(":", 1)[0]: _digest([line]) for line in lines}
@@ -98,8 +87,7 @@ def _buffer_fields(lines: list[str] | None) -> dict:
 
 
 class EnteringBuffers:
-    """The buffers `model` (the user's module, inside any wrapper) enters its first forward
-    with after each `take`, when the caller holds the model (lockstep's reference job)."""
+    """The buffers `model` enters its first forward with after each `take` (in process)."""
 
     def __init__(self, model):
         self.lines: list[str] | None = None
@@ -110,7 +98,7 @@ class EnteringBuffers:
             self.lines = _sums(module.named_buffers(), False)
 
     def take(self) -> dict:
-        """`buffer_digest` and `buffers` as `log` writes them; empty when no forward ran."""
+        """The fields `log` writes; empty when no forward ran."""
         lines, self.lines = self.lines, None
         return _buffer_fields(lines)
 
@@ -119,19 +107,16 @@ class EnteringBuffers:
 
 
 class _Observer:
-    """Hooks on every module call of a check's run, from `protocol()` (else from the first
-    `log`): the buffers each model enters its first forward of a step with, after a DDP
-    wrapper's broadcast (where DDP promises them equal on every rank; after the step they
-    differ by design), and the local-batch `Watch` while one is on."""
+    """Hooks on every module call: the buffers each step enters with, and the `Watch`."""
 
     def __init__(self, since: int):
         from lockstep import local_batch  # torch: not at import (`lockstep --help`)
 
         self.since = since
         self.unwrap = local_batch.unwrap
-        self.chain: list = []  # the outermost call's wrappers, the user's model last
+        self.chain: list = []  # the outermost call's wrappers
         self.entered: dict[int, list[str]] = {}  # id(model) -> `_sums` of its buffers
-        # the parameters the run's first step entered with (a resume: what it loaded)
+        # the first step's parameters (a resume: what it loaded)
         self.first: dict[int, list[str]] | None = {} if since == 1 else None
         asked = os.environ.get(local_batch.MODE)
         self.watch = local_batch.Watch(asked == "neutralise", since) if asked else None
@@ -158,11 +143,7 @@ class _Observer:
             self.watch.leave()
 
     def take(self, model) -> dict:
-        """This step's observations for its metrics line, then a fresh step: the buffers
-        `model` entered its forward with (by `buffer_digest`; each buffer's own in
-        `buffers` when `each`), and the watch's findings. A watch that only looks (not
-        switching anything off) covers one step. The run's first line also gets the
-        parameters its forward entered with (`param_digest_in`)."""
+        """This step's fields, then a fresh step; a watch that only looks covers one step."""
         inner = id(self.unwrap(model)[-1]) if model is not None else None
         out = _buffer_fields(self.entered.get(inner))
         if self.first is not None and inner in self.first:
@@ -179,20 +160,19 @@ _observer: _Observer | None = None
 
 
 def observe(since: int) -> None:
-    """Hook every module call from now on (once a process); `since`: the first step whose
-    forwards the hooks see."""
+    """Hook every module call (once a process), from step `since`."""
     global _observer
     if _observer is None:
         _observer = _Observer(since)
 
 
 def observed(model) -> dict:
-    """What the hooks saw since the last call (`_Observer.take`); nothing before `observe`."""
+    """What the hooks saw since the last call."""
     return _observer.take(model) if _observer is not None else {}
 
 
 def stop_observing() -> None:
-    """Remove the hooks (a test that logged in its own process)."""
+    """Remove the hooks."""
     global _observer
     if _observer is not None:
         for handle in _observer.handles:

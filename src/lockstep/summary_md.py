@@ -1,6 +1,4 @@
-"""Markdown for a GitHub step summary, shared by `preflight` (`preflight.report`) and `gate`
-(`gate.report`): a table cell's text escaped, and the summary appended to
-`$GITHUB_STEP_SUMMARY`. Redaction is the caller's: what reaches here is already scrubbed."""
+"""Markdown for a GitHub step summary (preflight, check, gate); the caller redacts."""
 
 from __future__ import annotations
 
@@ -8,12 +6,12 @@ import os
 
 
 def md_cell(text: object) -> str:
-    """`text` as one Markdown table cell: `|` escaped, newlines made spaces."""
+    """`text` as one Markdown table cell."""
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def step_summary(text: str) -> bool:
-    """Append `text` to $GITHUB_STEP_SUMMARY when it is set; True when written."""
+    """Append `text` to $GITHUB_STEP_SUMMARY when set; True if written."""
     target = os.environ.get("GITHUB_STEP_SUMMARY")
     if not target:
         return False

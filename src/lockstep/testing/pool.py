@@ -1,11 +1,5 @@
-"""Warm pools of rank processes, reused by every test with the same world size and backend.
-
-Starting ranks costs seconds (an interpreter importing torch, then a rendezvous), so a pool
-starts them once and sends them one test after another: gloo ranks forked from a forkserver
-that imported torch once (`lockstep.launch.forkserver_context`), nccl ranks spawned.
-Nothing here uses a fixed port: the default group meets through a FileStore in the pool's own
-temporary directory. A pool that saw a failure, a crash or a hang is killed (its process group
-may be unusable, as PyTorch's "poison pill" notes) and the next test gets a fresh one.
+"""Warm pools of rank processes, reused by every test with the same world size and backend; a
+pool that saw a failure, a crash or a hang is killed. Design: docs/design/pytest-plugin.md.
 """
 
 from __future__ import annotations
@@ -28,13 +22,11 @@ from lockstep.testing import worker
 from lockstep.testing.worker import FAILED, PASSED, SKIPPED, XFAILED, Outcome, Task
 
 DIED, HUNG = "died", "hung"
-# After the first rank fails, the others get this long to report before they are stopped:
-# they are usually waiting in a collective for the rank that failed.
+# The others' time to report after a rank fails: they usually wait in a collective for it.
 FAILURE_GRACE_S = 3.0
 STACKS_WAIT_S = 2.0
 DIR_PREFIX = "lockstep-pool-"  # then the pytest process's pid
-# Idle pools kept at most: ranks of the least recently used pools beyond this are stopped.
-MAX_IDLE_RANKS = 8
+MAX_IDLE_RANKS = 8  # in idle pools; the least recently used are stopped first
 
 
 class RankPool:
@@ -43,8 +35,7 @@ class RankPool:
     def __init__(self, world_size: int, backend: str, start_timeout: float):
         self.world_size, self.backend, self.closed = world_size, backend, False
         self.dir = Path(owned_tempdir(DIR_PREFIX, f"{world_size}-"))
-        # gloo ranks fork from a server that imported torch once (lockstep.launch); nccl
-        # ranks are spawned, each a new interpreter.
+        # nccl ranks are never forked
         from lockstep.launch import forkserver_context, free_port
 
         if backend == "gloo":
@@ -53,7 +44,7 @@ class RankPool:
             context = multiprocessing.get_context("spawn")
         self.conns, self.procs = [], []
         _live_pools.add(self)
-        master_port = free_port()  # for the test's own use: the pool needs none
+        master_port = free_port()  # for the test's own use
         for rank in range(world_size):
             env = {
                 "RANK": str(rank),
@@ -100,14 +91,14 @@ class RankPool:
         return all(proc.is_alive() for proc in self.procs)
 
     def run(self, task: Task, timeout: float) -> list[Outcome]:
-        """Run `task` on every rank; each rank's outcome, with its output, in rank order."""
+        """Each rank's outcome of `task`, with its output, in rank order."""
         outcomes = self._collect(lambda rank: self.conns[rank].send(task), timeout, FAILURE_GRACE_S)
         if not all(o.status in (PASSED, SKIPPED, XFAILED) and o.pool_intact for o in outcomes):
             self.close()
         return outcomes
 
     def _collect(self, send, timeout: float, grace: float) -> list[Outcome]:
-        """Send to every rank, then wait for each one's answer, its death or the deadline."""
+        """Send to every rank, then wait for each answer, death or the deadline."""
         outcomes: dict[int, Outcome] = {}
         for rank in range(self.world_size):
             try:
@@ -151,7 +142,7 @@ class RankPool:
         try:
             if conn.poll(0):
                 answer = conn.recv()
-                # At start-up a rank answers None when ready, or its traceback.
+                # at start-up: None when ready, or a traceback
                 if answer is None:
                     return Outcome(rank, PASSED)
                 return answer if isinstance(answer, Outcome) else Outcome(rank, FAILED, answer)
@@ -171,8 +162,7 @@ class RankPool:
         return Outcome(rank, DIED, message, pool_intact=False)
 
     def _collectives(self) -> str:
-        """The flight recorder's report on every rank (`lockstep.forensics`): which collective
-        each is in, who is out of step; '' when no rank answered."""
+        """The flight recorder's report on every rank; '' when no rank answered."""
         from lockstep.forensics import collect, hang
 
         folder = worker.fr_path(self.dir)
@@ -185,7 +175,7 @@ class RankPool:
         return "\nflight recorder:\n" + "\n".join(f"  {ln}" for ln in report.lines())
 
     def _stacks(self, ranks: list[int]) -> dict[int, str]:
-        """Every thread's Python stack of each rank in `ranks`, written by faulthandler."""
+        """Every thread's Python stack of each rank in `ranks` (faulthandler)."""
         for rank in ranks:
             try:
                 os.kill(self.procs[rank].pid, worker.STACKS_SIGNAL)
@@ -197,13 +187,13 @@ class RankPool:
         while ranks and time.monotonic() < deadline:
             time.sleep(0.05)
             now = {rank: _size(path) for rank, path in paths.items()}
-            if all(now.values()) and now == sizes:  # every dump written and no longer growing
+            if all(now.values()) and now == sizes:  # every dump written, no longer growing
                 break
             sizes = now
         return {rank: _user_frames(self._read(path)) for rank, path in paths.items()}
 
     def close(self) -> None:
-        """Kill every rank and every process it started; remove the pool's directory."""
+        """Kill every rank and what it started; remove the pool's directory."""
         if self.closed:
             return
         self.closed = True
@@ -220,7 +210,7 @@ class RankPool:
                 os.killpg(proc.pid, signal.SIGKILL)  # a rank leads its own process group
             except OSError:
                 pass
-        for descendant in descendants:  # also those that left the rank's process group
+        for descendant in descendants:  # those that left the rank's process group
             try:
                 descendant.kill()
             except psutil.NoSuchProcess:
@@ -269,13 +259,13 @@ class Pools:
 
 
 def _remove_orphaned_dirs() -> None:
-    """Remove the directories of pools whose pytest process was killed before cleaning up."""
+    """Remove the directories of pools whose pytest process was killed."""
     for path in orphaned_tempdirs(DIR_PREFIX):
         shutil.rmtree(path, ignore_errors=True)
 
 
 def _user_frames(stacks: str) -> str:
-    """A faulthandler dump without the frames of the rank's own machinery."""
+    """A faulthandler dump without the rank machinery's frames."""
     machinery = (
         f'File "{worker.__file__}"',
         f'File "{os.path.dirname(multiprocessing.__file__)}',
@@ -305,6 +295,6 @@ _live_pools: set[RankPool] = set()
 
 @atexit.register
 def _close_live_pools() -> None:
-    """Last resort when pytest exits without unconfiguring (multiprocessing would wait on us)."""
+    """When pytest exits without unconfiguring (multiprocessing would wait on the ranks)."""
     for pool in list(_live_pools):
         pool.close()

@@ -1,11 +1,5 @@
-"""The main loop of one rank process of the warm pool.
-
-A rank starts once (forked from a forkserver on gloo, spawned on nccl), joins the pool's
-default process group through a FileStore in the pool's directory, then runs the test bodies the pytest process sends until
-the pipe closes. Around every test it puts back what a test may change (environment, working
-directory, sys.path, RNG seeds, torch global modes, extra process groups) so each test sees a
-rank as fresh as a new process. This module imports no torch at import time: the pytest
-process imports it too.
+"""One rank process of the warm pool: runs the test bodies the pytest process sends, and puts
+back what each test changed. No torch at import: the pytest process imports it too.
 """
 
 from __future__ import annotations
@@ -30,21 +24,21 @@ import pytest
 
 from lockstep import compat
 
-# The pool sends this signal to a hung rank; faulthandler answers with every thread's stack.
+# to a hung rank: faulthandler answers with every thread's stack
 STACKS_SIGNAL = signal.SIGUSR1
 PASSED, FAILED, SKIPPED, XFAILED = "passed", "failed", "skipped", "xfailed"
 
 
 @dataclass(frozen=True)
 class Task:
-    """One test body for every rank, with the pytest process's context at the time."""
+    """One test body for every rank, with the pytest process's context."""
 
     module_name: str
     module_path: str
-    class_name: str | None  # qualified name of the test class, None for a plain function
+    class_name: str | None  # qualified, or None for a plain function
     function_name: str
     argnames: tuple[str, ...]
-    kwargs: bytes  # pickled values of the fixtures computed in the pytest process
+    kwargs: bytes  # pickled fixture values
     env: dict[str, str]
     cwd: str
     sys_path: list[str]
@@ -57,8 +51,8 @@ class Outcome:
     rank: int
     status: str  # passed | failed | skipped | xfailed (the pool adds died | hung)
     message: str = ""  # the traceback, or the reason of a skip
-    pool_intact: bool = True  # False when the test destroyed or replaced the default group
-    output: str = ""  # the rank's stdout and stderr during the test, filled in by the pool
+    pool_intact: bool = True  # False once the default group is gone
+    output: str = ""  # stdout and stderr during the test, from the pool
 
 
 def log_path(pool_dir: Path, rank: int) -> Path:
@@ -66,7 +60,7 @@ def log_path(pool_dir: Path, rank: int) -> Path:
 
 
 def fr_path(pool_dir: Path) -> Path:
-    """The folder of the ranks' flight-recorder dumps (`lockstep.forensics`)."""
+    """The folder of the ranks' flight-recorder dumps."""
     return pool_dir / "flight-recorder"
 
 
@@ -76,14 +70,10 @@ def stacks_path(pool_dir: Path, rank: int) -> Path:
 
 def main(conn, rank: int, world_size: int, backend: str, pool_dir: str, env: dict,
          parent_pid: int, parent_env: dict):  # fmt: skip
-    """Entry point of a rank process (spawned, or forked from a forkserver).
-
-    `env` holds the rank's launcher variables (RANK, WORLD_SIZE, ...), set as torchrun would
-    and kept across the per-test environment reset; `parent_env` is the pytest process's
-    environment (a forked rank has its forkserver's otherwise).
-    """
+    """A rank process; `env` (its launcher variables) outlives each test's environment, and
+    `parent_env` is the pytest process's (not the forkserver's)."""
     _die_with_parent(parent_pid)
-    os.setsid()  # own process group: the pool kills the rank and its children together
+    os.setsid()  # the pool kills the rank and its children together
     pool = Path(pool_dir)
     _redirect_output(log_path(pool, rank))
     stacks = open(stacks_path(pool, rank), "w")  # noqa: SIM115 - lives as long as the rank
@@ -111,15 +101,14 @@ def main(conn, rank: int, world_size: int, backend: str, pool_dir: str, env: dic
 
 
 def _die_with_parent(pytest_pid: int) -> None:
-    """End this rank when the pytest process ends, even by SIGKILL: a spawned rank's parent
-    is the pytest process (PR_SET_PDEATHSIG); a forked one's is the forkserver, which lives as
-    long as any process it forked, so a thread watches the pytest process."""
+    """End this rank when the pytest process ends, even by SIGKILL (a forked rank's parent,
+    the forkserver, outlives it)."""
     if sys.platform == "linux":
         pr_set_pdeathsig = 1
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
     else:
         threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
-    if os.getppid() != pytest_pid:  # forked: the forkserver outlives the pytest process
+    if os.getppid() != pytest_pid:  # forked
         from lockstep.launch import die_with
 
         die_with(pytest_pid)
@@ -132,7 +121,7 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def _redirect_output(path: Path) -> None:
-    """Send fd 1 and 2 to `path`, so each test's output is kept apart from the next one's."""
+    """Send fd 1 and 2 to `path`: each test's output apart."""
     sys.stdout.flush()
     sys.stderr.flush()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -157,7 +146,7 @@ class _Rank:
             self.device = torch.device("cpu")
             device_id = None
         threads = os.environ.get("OMP_NUM_THREADS", "")
-        if threads.isdigit() and int(threads) > 0:  # a forked rank: read at import, elsewhere
+        if threads.isdigit() and int(threads) > 0:  # forked: torch read it at import
             torch.set_num_threads(int(threads))
         store = dist.FileStore(str(pool_dir / "store"), world_size)
         dist.init_process_group(
@@ -209,7 +198,7 @@ class _Rank:
         return Outcome(self.rank, status, message, pool_intact=intact)
 
     def _reset(self) -> bool:
-        """Undo what the test changed; False when the default group cannot be reused."""
+        """Undo what the test changed; False when the default group is gone."""
         import torch
         import torch.distributed as dist
 
@@ -229,7 +218,7 @@ class _Rank:
             torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(),
         )
-        if deterministic != self.deterministic:  # the setter imports torch._dynamo: seconds
+        if deterministic != self.deterministic:  # the setter imports torch._dynamo
             enabled, warn_only = self.deterministic
             torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
         if self.device.type == "cuda":
@@ -238,9 +227,8 @@ class _Rank:
 
 
 def _forget(groups: list) -> None:
-    """Drop destroyed groups that libraries cache in module globals (DeepSpeed's
-    `deepspeed.utils.groups._WORLD_GROUP`, dicts of expert groups ...), so that the next test
-    makes new ones instead of using dead ones."""
+    """Drop destroyed groups that libraries cache in module globals (DeepSpeed's), so the next
+    test makes new ones."""
     dead = {id(group) for group in groups}
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
@@ -250,15 +238,15 @@ def _forget(groups: list) -> None:
             if id(value) in dead:
                 namespace[name] = None
             elif type(value) in (dict, list):
-                # Plain containers only: a dict subclass (transformers' lazy auto mappings)
-                # may import modules, or fail, when its values are read.
+                # plain containers only: a dict subclass (transformers' lazy mappings) may
+                # import, or fail, when read
                 members = dict.values(value) if type(value) is dict else value
                 if any(id(member) in dead for member in members):
                     value.clear()
 
 
 def _resolve(task: Task):
-    """The test callable, from the test module imported as pytest imported it."""
+    """The test callable, its module imported as pytest did."""
     module = sys.modules.get(task.module_name)
     if getattr(module, "__file__", None) != task.module_path:
         module = _import_with_assert_rewriting(task.module_name, task.module_path)
@@ -271,7 +259,7 @@ def _resolve(task: Task):
 
 
 class _AssertRewritingLoader(importlib.machinery.SourceFileLoader):
-    """Compiles the test module with pytest's assertion rewriting, as pytest does."""
+    """Compiles the test module with pytest's assertion rewriting."""
 
     def get_code(self, fullname):
         from _pytest.assertion.rewrite import rewrite_asserts
