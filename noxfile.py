@@ -161,7 +161,7 @@ def lint(session: nox.Session) -> None:
     # Online audits (impostor commits, known-vulnerable actions) need api.github.com and a token;
     # run them where both exist, offline everywhere else.
     online = [] if os.environ.get("GH_TOKEN") else ["--offline"]
-    session.run("zizmor", *online, "--min-severity", "low", ".github/workflows")
+    session.run("zizmor", *online, "--min-severity", "low", ".github/workflows", "action.yml")
     # Runner labels, expressions, contexts (vars too), action inputs; shellcheck on run: blocks
     # needs shellcheck on PATH, which the venv has. Labels of the GPU fleet: .github/actionlint.yaml.
     session.run("actionlint", "-config-file", ".github/actionlint.yaml")

@@ -484,19 +484,40 @@ def check(root: Path) -> list[str]:
     return problems
 
 
+def action_offences(root: Path) -> list[str]:
+    """The repository's own action (action.yml): every remote `uses:` pinned, and inputs reach a
+    `run:` only through `env:` (an expression spliced into the script is shell a caller wrote)."""
+    path = root / "action.yml"
+    if not path.is_file():
+        return []
+    try:
+        steps = yaml.safe_load(path.read_text(encoding="utf-8"))["runs"]["steps"]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, KeyError, TypeError) as err:
+        return [f"action.yml: not an action's YAML ({' '.join(str(err).split())})"]
+    problems = []
+    for index, step in enumerate(steps):
+        label = step_label(step, index)
+        ref = str(step.get("uses") or "")
+        if ref and not ref.startswith(("./", "docker://")) and not PINNED.match(ref):
+            problems.append(f"action.yml: {label} uses {ref}: pin it by a full commit SHA")
+        if "${{" in str(step.get("run") or ""):
+            problems.append(f"action.yml: {label}: an expression in run: (pass it through env:)")
+    return problems
+
+
 def main(argv: list[str]) -> int:
     root = Path(argv[1] if len(argv) > 1 else Path(__file__).resolve().parents[1])
     if not (root / ".github" / "workflows").is_dir():
         print(f"check-workflows: error: no .github/workflows under {root}", file=sys.stderr)
         return 2
-    problems = check(root)
+    problems = check(root) + action_offences(root)
     for line in problems:
         print(f"check-workflows: {line}", file=sys.stderr)
     if not problems:
         print(
-            f"check-workflows: {root / '.github/workflows'}: no self-hosted job on an event a "
-            "maintainer does not start, every action pinned, no token or image choice beside "
-            "code checked out from elsewhere"
+            f"check-workflows: {root / '.github/workflows'} and action.yml: no self-hosted job "
+            "on an event a maintainer does not start, every action pinned, no token or image "
+            "choice beside code checked out from elsewhere, no expression in an action's run:"
         )
     return 1 if problems else 0
 

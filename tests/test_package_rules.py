@@ -134,7 +134,7 @@ def test_a_file_that_does_not_parse_exits_2(tmp_path):
 
 LAYERS = [
     "__main__",
-    "cli | cluster",
+    "cli | cluster | action",
     "gate | checks",
     "reference_job",
     "train",

@@ -390,8 +390,11 @@ def test_every_action_is_pinned_on_a_current_major():
         "actions/upload-artifact": 7,
         "actions/attest-build-provenance": 3,
     }
-    for path in WORKFLOWS.glob("*.yml"):
-        for ref, comment in re.findall(r"uses: (\S+)(?: # (\S+))?", path.read_text()):
+    for path in [*WORKFLOWS.glob("*.yml"), ROOT / "action.yml"]:
+        found = re.findall(r"^\s*(?:- )?uses: (\S+)(?: # (\S+))?", path.read_text(), re.M)
+        for ref, comment in found:
+            if ref == "./":  # the repository's own action, at the commit under test
+                continue
             name, _, sha = ref.partition("@")
             assert re.fullmatch(r"[0-9a-f]{40}", sha), f"{path.name}: {ref}"
             assert comment.startswith(f"v{majors[name]}."), f"{path.name}: {ref} # {comment}"
@@ -701,3 +704,45 @@ def test_a_malformed_workflow_is_one_line_never_a_traceback(tmp_path):
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     for name in files:
         assert len(lines_of(result.stderr.splitlines(), name)) == 1, (name, result.stderr)
+
+
+def _tool(name: str) -> str:
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        pytest.skip(f"{name} is not in this environment (the locked CPU venv has it)")
+    return str(path)
+
+
+def test_the_action_passes_the_lints_and_a_planted_interpolation_fails_them(tmp_path):
+    """action.yml passes zizmor and the rule; an input spliced into a `run:` fails both."""
+    zizmor = [_tool("zizmor"), "--offline", "--min-severity", "low"]
+    assert subprocess.run([*zizmor, str(ROOT / "action.yml")], capture_output=True).returncode == 0
+    (tmp_path / ".github" / "workflows").mkdir(parents=True)
+    text = (ROOT / "action.yml").read_text()
+    planted = text.replace(
+        "run: python -m lockstep.action", 'run: python -m lockstep.action "${{ inputs.script }}"'
+    )
+    assert planted != text
+    (tmp_path / "action.yml").write_text(planted)
+    found = subprocess.run([*zizmor, str(tmp_path / "action.yml")], capture_output=True, text=True)
+    assert found.returncode != 0 and "template-injection" in found.stdout + found.stderr
+    result = run_check(tmp_path)
+    assert result.returncode == 1
+    assert "action.yml: Run lockstep: an expression in run: (pass it through env:)" in result.stderr
+
+
+def test_actionlint_reads_the_action_through_a_workflow_that_uses_it(tmp_path):
+    """The self-test workflow calls `uses: ./`; actionlint checks its inputs against action.yml,
+    so a planted input the action does not declare fails."""
+    actionlint = [_tool("actionlint"), "-config-file", str(ROOT / ".github" / "actionlint.yaml")]
+    selftest = WORKFLOWS / "action-selftest.yml"
+    ok = subprocess.run([*actionlint, str(selftest)], cwd=ROOT, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / ".github", repo / ".github")
+    shutil.copy(ROOT / "action.yml", repo / "action.yml")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)  # actionlint's project root
+    planted = repo / ".github" / "workflows" / "action-selftest.yml"
+    planted.write_text(selftest.read_text().replace("check: determinism", "chek: determinism"))
+    bad = subprocess.run([*actionlint, str(planted)], cwd=repo, capture_output=True, text=True)
+    assert bad.returncode == 1 and '"chek"' in bad.stdout, bad.stdout

@@ -27,8 +27,7 @@ class Flag:
     type: Callable[[str], Any] | None = None
     metavar: str | None = None
     choices: Callable[[], Iterable[str]] | tuple[str, ...] | None = None
-    # the default in words, where the value itself does not say it to a user (None: "not
-    # given"); may name the class's attributes, e.g. "{script_steps} with --script"
+    # the default in words where the value does not say it; may name class attributes
     shown: str | Callable[[], str] | None = None
     negatable: bool = False  # --x / --no-x, None when neither is given
     to_ranks: bool = False  # passed on to the ranks a command starts itself (`argv`)
@@ -37,14 +36,12 @@ class Flag:
 
 
 def flag(*names: str, help: str, default: Any = MISSING, **how: Any) -> Any:
-    """A dataclass field that is also a command-line option (`Flag` for `how`). Its help must
-    not state a default itself: the declared one is added, or put where `{default}` is."""
+    """A dataclass field that is also a command-line option (`Flag` for `how`)."""
     return dataclasses.field(default=default, metadata={"flag": Flag(names, help, **how)})
 
 
 def nested(options: type, *, exclude: tuple[str, ...] = ()) -> Any:
-    """A field holding another declared options class, whose flags the command takes too
-    (less `exclude`)."""
+    """A field holding another declared options class, whose flags (less `exclude`) join."""
     return dataclasses.field(default_factory=options, metadata={"nested": (options, exclude)})
 
 
@@ -165,8 +162,7 @@ def read(options: type, namespace: Any, **given: Any) -> Any:
 
 
 def argv(options: Any) -> list[str]:
-    """The flags marked `to_ranks` whose values differ from their defaults, as a command line
-    that `read` turns back into the same values."""
+    """The `to_ranks` flags that differ from their defaults, as argv that `read` reads back."""
     out: list[str] = []
     for field, flag, _ in _declared(type(options)):
         value = getattr(options, field.name)
@@ -187,8 +183,8 @@ def argv(options: Any) -> list[str]:
 
 def command(subparsers, name: str, options: type, run: Callable[[Any], int] | str, *,
             exclude: tuple[str, ...] = (), given: dict | None = None, **parser_args):  # fmt: skip
-    """A subcommand whose flags are `options`' and whose work is `run(options object)`; a
-    "module:function" `run` is imported when the command runs, so that help stays fast."""
+    """A subcommand: `options`' flags, then `run(options)`; a "module:function" `run` is
+    imported only when the command runs, so that help stays fast."""
     parser = subparsers.add_parser(name, **parser_args)
     add(parser, options, exclude=exclude)
 
