@@ -1,10 +1,5 @@
-"""Compare fingerprints: flatten to dotted fields, group ranks by section digests, name outliers.
-
-Fields that differ between healthy ranks by design (hostname, rank variables, GPU UUIDs, free
-disk) are ignored by default; `--allow FIELD` (a dotted name or glob, a prefix covers what is
-under it) ignores more. Grouping needs only the fixed-size digests of every rank; full
-fingerprints are needed only from one representative of each group.
-"""
+"""Compare fingerprints: flatten to dotted fields, group ranks by section digests, name outliers
+and their differing fields. Design: docs/design/env.md."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The CUDA stack torch runs on (CUDA, cuDNN, NCCL), read without a GPU, against a lock.
-
-torch's CUDA version is its build's; cuDNN's and NCCL's are those of the libraries torch has
-loaded (cudnnGetVersion, ncclGetVersion), which answer without a device. A CUDA lock pins each
-as a wheel (nvidia-cuda-runtime, nvidia-cudnn-cu13, nvidia-nccl-cu13): the comparison names any
-that differ, so an image or a GPU node whose libraries are not the lock's says so before a job.
-"""
+"""The CUDA stack torch runs on (CUDA, cuDNN, NCCL), read without a GPU, against the wheels a
+lock pins. Design: docs/design/env.md."""
 
 from __future__ import annotations
 
@@ -12,8 +7,7 @@ import re
 
 from lockstep import compat
 
-# (what, the lock's wheel, how many version parts are compared): CUDA by major.minor (the
-# runtime wheel's patch is its own build number), cuDNN and NCCL by major.minor.patch.
+# (what, the lock's wheel, version parts compared): CUDA's runtime wheel numbers its own patches
 LOCKED = (
     ("cuda", re.compile(r"nvidia-cuda-runtime(?:-cu\d+)?"), 2),
     ("cudnn", re.compile(r"nvidia-cudnn-cu\d+"), 3),
@@ -29,8 +23,8 @@ def nccl_version(torch) -> str | None:
 
 
 def cudnn_dotted(value: int | None) -> str | None:
-    """torch.backends.cudnn.version()'s integer as major.minor.patch (cuDNN 9: 92000 is 9.20.0,
-    cuDNN 8: 8907 is 8.9.7); None without cuDNN."""
+    """torch.backends.cudnn.version()'s integer as major.minor.patch (92000 is 9.20.0, 8907 is
+    8.9.7); None without cuDNN."""
     if not value:
         return None
     major, rest = (value // 10000, value % 10000) if value >= 10000 else divmod(value, 1000)
@@ -51,8 +45,8 @@ def _cut(version: str | None, parts: int) -> str | None:
 
 
 def compare(stack: dict[str, str | None], pins: dict[str, str]) -> dict | None:
-    """{"matches", "versions": {what: {"built", "locked", "pin", "matches"}}} for each of CUDA,
-    cuDNN and NCCL whose wheel the lock pins; None where it pins none (a CPU lock)."""
+    """{"matches", "versions": {what: {"built", "locked", "pin", "matches"}}} for each wheel of
+    the stack the lock pins; None where it pins none."""
     versions = {}
     for what, wheel, parts in LOCKED:
         names = sorted(name for name in pins if wheel.fullmatch(name))

@@ -1,10 +1,5 @@
-"""One rank's environment fingerprint, collected in-process in milliseconds.
-
-No subprocess (pip, nvidia-smi, ldconfig): distributions come from `importlib.metadata`, the
-system from /proc and `os`, the CUDA libraries from the mappings of this very process, GPUs
-from NVML. Every section carries its own digest over canonical JSON, so ranks can compare a
-few bytes first and exchange full sections only where digests differ.
-"""
+"""One rank's environment fingerprint, collected in-process (no subprocess), each section with
+its own digest so that ranks compare a few bytes first. Design: docs/design/env.md."""
 
 from __future__ import annotations
 

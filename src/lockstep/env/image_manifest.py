@@ -1,5 +1,5 @@
-"""The image manifest a locked image carries (docker/write-manifest.py writes it at build time):
-its name, base, locks and, in the CUDA image, the CUDA runtime and the oldest driver it needs."""
+"""The image manifest a locked image carries (written at build time by
+docker/write-manifest.py): its name, base, locks and CUDA's needs."""
 
 from __future__ import annotations
 

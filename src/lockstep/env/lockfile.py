@@ -1,10 +1,5 @@
-"""Compare the installed distributions with a pip-compile lock (`requirements/*.txt`).
-
-Without `--lock`, the lock is looked up in `requirements/` under the working directory: the
-file whose torch pin carries the installed torch's local version (`+cpu` -> cpu.txt, none ->
-cuda.txt); when neither pins torch that way, none is used. The project itself (`lockstep`) is
-never in its own lock and is left out of the comparison.
-"""
+"""Compare the installed distributions with a pip-compile lock (`requirements/*.txt`), found by
+its torch pin where none is given. Design: docs/design/env.md."""
 
 from __future__ import annotations
 
@@ -107,16 +102,14 @@ def _same_version(a: str, b: str) -> bool:
         return a == b
 
 
-# Named first among the packages that differ: what the rest of the stack is built against.
+# Named first: what the rest of the stack is built against.
 STACK_FIRST = ("torch", "deepspeed")
 
 
 def describe(lock: dict) -> str:
     """`NCCL 2.28.9 built, 2.29.7 locked; 2 extra (rich 14.1.0, tqdm 4.67.1), 1 missing
-    (numpy==2.4.6), 1 different (torch 2.13.0 installed, 2.12.0 locked)`: how the CUDA stack
-    torch was built with differs from the lock's (`cuda_stack`), then each kind's count and its
-    first NAMED packages, torch and DeepSpeed first (on a GPU machine's own image the other
-    differences run to dozens, and these are the ones that matter)."""
+    (numpy==2.4.6), 1 different (torch 2.13.0 installed, 2.12.0 locked)`: the CUDA stack, then
+    each kind's count and first NAMED packages."""
     kinds = (
         ("extra", lambda name, v: f"{name} {v}"),
         ("missing", lambda name, v: f"{name}=={v}"),

@@ -1,6 +1,4 @@
-"""The one /dev/shm check: `lockstep fingerprint` prints it as a warning and preflight's local
-checks report it (`lockstep.preflight.local`); the fingerprint records only the size
-(`resources.shm_gib`)."""
+"""The /dev/shm check that `lockstep fingerprint` and preflight's local checks both report."""
 
 from __future__ import annotations
 
@@ -10,8 +8,8 @@ SHM_WARN_BYTES = 1 << 30
 
 
 def check() -> dict[str, str]:
-    """{"name": "shm", "status": ok or warn, "detail"}: NCCL's shared-memory transport needs a
-    /dev/shm of a gigabyte or more."""
+    """{"name": "shm", "status": ok or warn, "detail"}: NCCL's shared-memory transport needs
+    1 GiB or more."""
     size = shm_bytes()
     if size is None:
         return _result("warn", "no /dev/shm: NCCL's shared-memory transport cannot work")

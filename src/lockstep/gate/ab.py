@@ -1,12 +1,5 @@
 """The performance A/B gate: base and head alternated on the same machine in one job.
-
-A stored speed baseline fails on a shared runner whenever the machine is busier than it was
-when the baseline was taken. Alternating base (a git ref, checked out into a temporary
-worktree) and head (the working tree) round by round exposes both to the same load, and the
-order flips every round (ABBA) so a drift over the job favours neither. A change is called
-only when the ratio of medians passes the threshold *and* a one-sided Mann-Whitney U test over
-the rounds is significant; the ratio comes with a bootstrap interval.
-"""
+Design: docs/design/gates.md."""
 
 from __future__ import annotations
 
@@ -75,9 +68,8 @@ def worktree(repo: Path, ref: str, into: Path) -> Path:
 
 
 def remove_worktree(repo: Path, target: Path) -> None:
-    """Remove the worktree at `target`, also one `git worktree add` left half made (then
-    only prune knows it, or one locked "initializing" by a git that was killed), and its
-    folder."""
+    """Remove the worktree at `target` and its folder, also one a killed `git worktree add`
+    left half made or locked."""
     for args in (["unlock", str(target)], ["remove", "--force", "--force", str(target)], ["prune"]):
         try:
             subprocess.run(["git", "-C", str(repo), "worktree", *args], capture_output=True,
@@ -210,10 +202,8 @@ def run_ab(
     workdir: Path | None = None,
     progress=print,
 ):
-    """Check out `ref`, alternate, judge. Returns (comparisons, findings).
-
-    The worktree and the temporary folder go however it ends: SIGTERM and SIGHUP raise here
-    (`signals_raise`) so the cleanup runs, Ctrl-C raises KeyboardInterrupt."""
+    """Check out `ref`, alternate, judge: (comparisons, findings). The worktree and the
+    temporary folder go however it ends (SIGTERM and SIGHUP raise here)."""
     from lockstep.launch import owned_tempdir, signals_deferred, signals_raise
 
     if job.run_path:  # forked ranks would run the base tree's script with this tree's lockstep
@@ -226,10 +216,8 @@ def run_ab(
     with signals_raise():
         tmp = None
         try:
-            # A signal waits until the folder is made and named (raised between the two, the
-            # cleanup would not know it) and for the add (git killed mid-add, as
-            # subprocess.run does when a signal raises, leaves the worktree registered and
-            # locked "initializing").
+            # deferred: raised before the folder is named, or mid-add (git left locked
+            # "initializing"), a signal would escape the cleanup
             with signals_deferred():
                 tmp = Path(owned_tempdir(TMP_PREFIX))
                 base_tree = worktree(head_tree, ref, tmp)

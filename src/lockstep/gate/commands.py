@@ -1,7 +1,5 @@
-"""What each `lockstep gate` subcommand does with its options (`gate.options`):
-run the job (`workflows`, `ab`), print what it found, write the reports. Exit codes: 0 pass,
-1 regression (or an alert fired), 4 not judged (a speed threshold too wide to catch a
-regression); bad input and a missing golden raise (exit 2)."""
+"""What each `lockstep gate` subcommand does with its options (`gate.options`): run the job,
+print what it found, write the reports. Exit codes: `gate.cli`."""
 
 from __future__ import annotations
 

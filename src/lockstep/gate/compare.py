@@ -1,10 +1,5 @@
-"""Compare a run with a golden: per-step bands, windowed means, run-level performance.
-
-Vectorized over steps (a 100,000-step golden compares in milliseconds). Every failure names
-the first failing step, the metric, the value, the golden's center and band, the absolute and
-relative error, and keeps the run's values at every failing step, so a reviewer who accepts
-the change sees exactly what a refreshed golden would hold.
-"""
+"""Compare a run with a golden, vectorized over steps: per-step bands, windowed means,
+run-level performance. A failure keeps the run's values at every failing step."""
 
 from __future__ import annotations
 

@@ -1,20 +1,5 @@
-"""Which environment a golden belongs to: the fields that change numerics, as a file name.
-
-A golden is only meaningful on the stack it was recorded on: another GPU model, torch, CUDA,
-cuDNN, NCCL or DeepSpeed version, engine, world size, precision or determinism setting moves
-the 4th or 5th digit of a loss curve. Keying goldens by exactly those fields means a container
-bump asks for a new golden by name (and says which fields moved) instead of failing dozens of
-exact comparisons. On a CPU the kernels depend on the vector ISA torch dispatches to, so the
-device kind there is `cpu-<capability>`.
-
-The machine (CPU model and cores, or GPU model and count) is kept beside the key, not in it:
-numerics do not depend on it, speed does, so stored speed gates apply only on the same machine.
-
-The key holds only what the job uses: DeepSpeed's version only for a job that uses it (a ZeRO
-engine, or a script whose command or source names `deepspeed`), and on a CPU run torch's
-version without its build tag (`2.13.0`, not `2.13.0+cu130`: a CPU run uses no CUDA). Goldens
-recorded before this (`legacy_key`) are still found, with a note naming the file to rename.
-"""
+"""Which environment a golden belongs to: the fields that change numerics, as a file name; the
+machine is kept beside the key, for speed gates. Design: docs/design/gates.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""Golden files: what the unchanged code produced, with the noise its repeats showed.
-
-`gates/<name>/<env-key>.json` is diff-friendly JSON: a header (environment, provenance,
-per-metric tolerances, run-level performance figures) and then one line per step holding each
-metric's center (median over the repeats) and its spread. Floats are written with `repr`, the
-shortest text that reads back to the same double, so an exact golden stays exact. A golden
-never holds NaN or Inf: a run that produced one is refused at record time, and a file that
-holds one is refused when read. Every read is validated (`validate`): a hand-edited or
-half-merged file is one line naming the file and the field, exit 2; a golden that gates
-nothing (no curve, no gated performance figure) is refused when written and when read.
-"""
+"""Golden files: what the unchanged code produced, with the noise its repeats showed, as
+diff-friendly JSON validated on every read. Design: docs/design/gates.md."""
 
 from __future__ import annotations
 
@@ -236,8 +227,8 @@ def _refuse_constant(name: str):
 
 
 def read(path: str | Path) -> Golden:
-    """A golden file, validated: anything a hand edit or a merge can break is one UsageError
-    naming the file and the field (`validate`), never a KeyError or TypeError later on."""
+    """A golden file, validated: what a hand edit or a merge breaks is one UsageError naming
+    the file and the field."""
     path = Path(path)
     data = load_data(path)
     rows = data.pop("rows")
@@ -321,10 +312,8 @@ def _field(owner: dict, where: str, key: str, kind: str, *, optional: bool = Fal
 
 
 def validate(data: dict) -> str | None:
-    """What is wrong with a golden's parsed JSON, as 'field: problem', or None when every field
-    that record, check, compare and refresh use is there with the right type. A golden that
-    gates nothing (no curve and no gated performance figure) is refused too: it would pass
-    any run."""
+    """What is wrong with a golden's parsed JSON, as 'field: problem', or None. A golden that
+    gates nothing is refused too: it would pass any run."""
     for key, kind in (("name", "text"), ("env_key", "text"), ("curves", "mapping"),
                       ("perf", "mapping")):  # fmt: skip
         if problem := _field(data, "", key, kind):

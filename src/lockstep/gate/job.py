@@ -1,14 +1,5 @@
-"""The job a gate runs, defined and run: the reference training (`lockstep train` CONFIG, read
-through `lockstep.reference_job`) or a user's script.
-
-Both are started the way their users start them, one launch per run in its own folder: the
-script by `lockstep.launch.protocol_run` (the one run of a script under the black-box
-protocol's LOCKSTEP_* variables, as `lockstep check --script` runs it), the reference job by
-`lockstep.launch.script` (`-m lockstep train`); the gate adds its process monitor
-(`monitor.TreeMonitor`) and reads the metrics back (`run_result.read_rows`). A run can take its code from another tree (the base of an A/B
-comparison): the script runs in that tree, the reference job imports lockstep from that
-tree's `src/`.
-"""
+"""The job a gate runs, defined and run: the reference training (`lockstep train` CONFIG) or a
+user's script, one launch per run in its own folder. Design: docs/design/gates.md."""
 
 from __future__ import annotations
 
@@ -134,8 +125,7 @@ class Job:
             parts = ["--script", shlex.quote(scrub_text(self.command))]
         else:
             parts = [shlex.quote(str(self.config))]
-            # scrubbed: these lines are printed and written to reports (a secret in an
-            # override shows as <redacted:…>, which the user puts back when running it)
+            # scrubbed: printed and written to reports (the user puts a secret back)
             parts += [f"--set {shlex.quote(scrub_text(o))}" for o in self.overrides]
         parts += [f"--nproc {self.nproc}", f"--steps {self.steps}"]
         return " ".join(parts + (["--run-path"] if self.run_path else []))
@@ -145,10 +135,8 @@ class Job:
     def run(
         self, workdir: Path, tree: Path | None = None, cwd: Path | None = None, progress=print
     ) -> Run:
-        """One launch in `workdir`, emptied first (`fresh_folder`). For another version of
-        the code, `tree` is its
-        repository root (its `src/` goes first on PYTHONPATH) and `cwd` the folder that
-        relative paths in the command or config refer to there."""
+        """One launch in `workdir`, emptied first. For another version of the code, `tree` is
+        its repository root and `cwd` the folder relative paths refer to there."""
         fresh_folder(workdir, progress)
         env = dict(os.environ)
         rank_environment(None, self.nproc, env)  # a share of the cores per rank
@@ -185,8 +173,7 @@ class Job:
         )
 
     def _run_reference(self, workdir: Path, env: dict, cwd: Path | None, watch) -> ProtocolRun:
-        """The reference job launched as `lockstep train` (`-m lockstep train`): it writes the
-        files of the protocol's run itself, its metrics in `workdir` (`--out`)."""
+        """The reference job launched as `-m lockstep train`, its metrics in `workdir`."""
         workdir.mkdir(parents=True, exist_ok=True)
         metrics = workdir / METRICS
         metrics.unlink(missing_ok=True)
@@ -223,10 +210,8 @@ class Job:
 
 
 def fresh_folder(folder: Path, progress) -> None:
-    """Empty a run's folder before its launch: a checkpoint a previous run left there would be
-    resumed by a script that resumes on its own, and the gate would judge half a run. A
-    previous run's folder (it holds its `run.log`) is removed, with a line that says so; any
-    other folder with something in it is not ours to remove: bad input."""
+    """Empty a previous run's folder (it holds `run.log`) before a launch, so no script resumes
+    its checkpoint; any other folder with something in it is bad input."""
     if not folder.is_dir() or not any(folder.iterdir()):
         return
     if not (folder / LOG).is_file():

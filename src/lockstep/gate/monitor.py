@@ -1,11 +1,5 @@
-"""Measure a launch from outside: wall time and the peak memory of every rank process.
-
-A script that logs only `step` and `loss` still gets memory and time gates: a sampler thread
-walks the launching process's tree every 50 ms and keeps each process's largest resident set
-(and its GPU memory through NVML where there is a GPU). A rank is named by the `RANK` its
-launcher put in its environment; processes without one (the launcher) are named by pid, and
-those the launching process had before the launch are left out.
-"""
+"""Measure a launch from outside: wall time and the peak memory (RSS, and GPU memory through
+NVML) of every rank process, for scripts that log neither."""
 
 from __future__ import annotations
 

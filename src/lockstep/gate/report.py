@@ -1,9 +1,6 @@
-"""What a gate result looks like to people and to CI: a terminal table, `--json`, `--junit`
-(one test case per gate and metric), and Markdown appended to `$GITHUB_STEP_SUMMARY`.
-
-Everything shown passes through `lockstep.redact` first: commands and paths in a report are
-user text and may hold credentials.
-"""
+"""What a gate result looks like to people and to CI: a terminal table, `--json`, `--junit` and
+`$GITHUB_STEP_SUMMARY` Markdown, all through `lockstep.redact` (commands and paths may hold
+credentials)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""One training run as the gates see it: per-step rows plus what was measured from outside.
-
-Rows come from a metrics JSONL (the reference job's `metrics.jsonl`, a script's
-`LOCKSTEP_METRICS`, a cluster job's file): the last row for a step counts (a resumed run may
-repeat steps) and rows without a `step` (alerts, notes) are skipped. `summary()` reduces a run
-to the run-level performance figures the speed and memory gates compare.
-"""
+"""One training run as the gates see it: per-step rows (the last row for a step counts) plus
+what was measured from outside, and the run-level figures (`summary`)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """The statistics the gates rest on: a rank test and a bootstrap interval, in numpy only.
-
-Why these: a speed or memory change is called only when it is both large (a ratio past a
-threshold) and unlikely to be noise (Mann-Whitney U, as asv does). A rank test assumes no
-distribution, which fits step times with their long right tail; the bootstrap interval on the
-ratio of medians says how sure the ratio itself is.
-"""
+Why these: docs/design/gates.md."""
 
 from __future__ import annotations
 

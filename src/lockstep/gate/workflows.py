@@ -1,10 +1,5 @@
-"""The gate's workflows: record, check and refresh goldens (run the job, find the golden for
-this environment, compare, say what a re-baseline would accept), and what a check's outcome
-notes and reports (`CheckOutcome.notes`, `CheckOutcome.to_dict`: the `--json` payload).
-
-No silent pass: when no golden exists for this environment the answer is exit 2 with this
-environment's key, the nearest recorded key, the fields that differ and the record command.
-"""
+"""The gate's workflows: record, check and refresh goldens, and what a check's outcome notes
+and reports (the `--json` payload). Never a silent pass: docs/design/gates.md."""
 
 from __future__ import annotations
 
@@ -51,9 +46,8 @@ class Environment:
         return cls(key, env["key_fields"], env["machine"], fp["digests"], env["legacy_key"])
 
     def existing(self, directory: Path, name: str, progress=print) -> Path:
-        """The golden's path under this key; a golden recorded under the legacy key (torch's
-        build tag, DeepSpeed on a job that does not use it) is used where that is the only
-        one, with a line naming the rename that keeps it found."""
+        """The golden's path under this key, else under the legacy key, with a line naming
+        the rename that keeps it found."""
         path = golden.golden_path(directory, name, self.key)
         if path.is_file() or self.legacy_key in (None, self.key):
             return path
@@ -169,9 +163,8 @@ class CheckOutcome:
         return "not_judged" if any(f.status == "not_judged" for f in self.findings) else "pass"
 
     def notes(self, refresh: str | None = None, job: Job | None = None) -> list[str]:
-        """What the report says beside the findings: how the job (`job`, when it ran here)
-        and the environment differ from the golden's, and with `refresh` (the command
-        line), how to re-baseline a failure that is intended."""
+        """What the report says beside the findings: how the job and environment differ from
+        the golden's, and with `refresh` (a command line) how to re-baseline."""
         header = self.golden.header
         notes = job_notes(job, header) if job is not None else []
         if self.env_diff:
@@ -286,9 +279,8 @@ def movement(old: Golden, new: Golden) -> list[dict]:
 def refresh(
     name: str, job: Job, repeats: int, directory: Path, workdir: Path | None = None, progress=print
 ) -> tuple[Golden, Golden | None, list[dict], str | None]:
-    """Record anew; the old file is replaced only once the new one is complete. An old file
-    that does not read as a golden (hand-edited, half-merged) is replaced too, since refresh
-    is what its error message advises: the fourth value says why it was unreadable."""
+    """Record anew; the old file is replaced only once the new one is complete, an unreadable
+    one too (the fourth value says why it was)."""
     env = Environment.current(job)
     path = golden.golden_path(directory, name, env.key)
     old, unreadable = None, None

@@ -1,27 +1,5 @@
-"""Hugging Face `Trainer` under `lockstep check --script`: two lines in the script.
-
-```python
-from lockstep.integrations.transformers import LockstepCallback, apply_protocol
-
-args, resume = apply_protocol(TrainingArguments(output_dir="out", max_steps=1000, ...))
-trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[LockstepCallback()])
-trainer.train(resume_from_checkpoint=resume)
-```
-
-`apply_protocol` maps the protocol onto `TrainingArguments`: `output_dir` from
-LOCKSTEP_CHECKPOINT_DIR, a log line every optimizer step
-(`logging_steps=1`), and, with LOCKSTEP_RESUME=1, the latest `checkpoint-N` folder there as
-`resume_from_checkpoint`. Outside a check (no LOCKSTEP_* variables) it changes nothing and
-returns `resume=None`. LOCKSTEP_MAX_STEPS is where the run *stops*, not the length of the
-training: `max_steps` (which sets the LR schedule's length) stays the script's own and is only
-raised to LOCKSTEP_MAX_STEPS when smaller; the callback stops the run there. (Setting
-`max_steps = LOCKSTEP_MAX_STEPS` would give the first half of the resume check a schedule
-that ends at N, and its checkpoint an LR of 0: the resume check then fails, rightly, since a
-real job resumed with a longer `max_steps` does the same.) `LockstepCallback` writes loss (Trainer's mean over ranks), grad norm
-and learning rate of every optimizer step through `lockstep.track.log`, with the model's
-parameter digest (the replicas check), and asks Trainer to save a checkpoint at the last
-step, so a run that stops at LOCKSTEP_MAX_STEPS leaves one whatever `save_steps` says.
-"""
+"""Hugging Face `Trainer` under `lockstep check --script`.
+Manual: docs/scripts.md; design: docs/design/integrations.md."""
 
 from __future__ import annotations
 
@@ -55,9 +33,7 @@ class LockstepCallback(TrainerCallback):
         self.protocol = track.protocol()
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        """A failed check's replay only (docs/forensics.md): per-module digests
-        (`track.watch`). The float64 replay needs the model built or cast before the
-        Trainer (`track.replay_dtype()`): DDP has wrapped it by now."""
+        """Per-module digests (`track.watch`) for a failed check's replay (docs/forensics.md)."""
         if model is not None:
             track.watch(model)
         return control
@@ -67,7 +43,7 @@ class LockstepCallback(TrainerCallback):
         if stop and state.global_step >= stop:
             control.should_training_stop = True
             if self.protocol.checkpoint_dir:
-                control.should_save = True  # the protocol: leave a checkpoint where it stops
+                control.should_save = True  # leave a checkpoint where it stops
         return control
 
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):

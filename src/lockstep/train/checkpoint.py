@@ -1,30 +1,6 @@
 """Checkpoints that hold everything a resume needs, published atomically, verified on load.
 
-Layout under the checkpoint root (a directory every rank sees):
-
-    latest                  -> the name of the newest complete checkpoint ("step_00000010")
-    step_00000010/
-      deepspeed/ | dcp/     the engine's own format (DeepSpeed save_checkpoint, or
-                            torch.distributed.checkpoint for ddp/fsdp + trainer_state.pt)
-      universal/            DeepSpeed's universal checkpoint, made from deepspeed/ on the first
-                            ZeRO resume at another world size (not in the manifest)
-      rng/rank00000.pt      python, numpy, torch and cuda RNG state of each rank
-      manifest.json         written last: step, engine, world size, size and sha256 of every file
-
-Ranks write into `.tmp-step_...`; rank 0 writes the manifest, renames the directory and then
-replaces `latest` (write + os.replace), so a crash mid-save never leaves a half checkpoint
-where a resume would find it. `latest` names a complete checkpoint at every instant: a re-save
-at a step that already has a checkpoint (`_publish`) first points `latest` at a hard-linked copy
-of the new one (`.resave-step_...-XXXX`), then removes the old one. Loading re-hashes every file
-against the manifest: a truncated or altered checkpoint is an error that names it, never a
-silent fresh start.
-
-Retention (`keep`) deletes only checkpoints lockstep wrote (`step_` and eight digits, holding
-a manifest of that step), never another folder in the checkpoint directory. lockstep's own
-files are read with `torch.load(weights_only=True)` and numpy's RNG state array allowlisted
-(`load_file`); DeepSpeed's `load_checkpoint` and `ds_to_universal` unpickle their own files
-with `weights_only=False` (docs/harness.md, "Checkpoints").
-"""
+Layout, publication, retention and safe loading: docs/design/train.md."""
 
 from __future__ import annotations
 
@@ -140,15 +116,10 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 
 def publish(root: Path, tmp: Path, name: str) -> Path:
-    """Move the complete checkpoint `tmp` to root/name and point `latest` at it, so that
-    `latest` names a complete checkpoint at every instant, wherever the process is killed.
-
-    Where root/name exists already (a re-save at the same step, which `latest` may name), the
-    new checkpoint is first published as a hard-linked copy under a name of its own and
-    `latest` pointed there; only then is the old one removed and `tmp` renamed into place.
-    """
+    """Move the complete checkpoint `tmp` to root/name and point `latest` at it: `latest`
+    names a complete checkpoint at every instant, wherever the process is killed."""
     final = root / name
-    if final.exists():
+    if final.exists():  # a re-save, which `latest` may name: point it at a linked copy first
         staged = root / f"{RESAVE_PREFIX}{name}-{secrets.token_hex(4)}"
         shutil.copytree(tmp, staged, copy_function=_link_or_copy)
         _point(root, staged.name)
@@ -162,7 +133,7 @@ def publish(root: Path, tmp: Path, name: str) -> Path:
 
 def written_by_lockstep(path: Path) -> int | None:
     """The step of a checkpoint folder lockstep wrote (`step_` and 8 digits, holding a manifest
-    of that step), else None: retention and `find` leave every other folder alone."""
+    of that step), else None."""
     match = STEP_DIR.fullmatch(path.name)
     if not match or not path.is_dir():
         return None
@@ -182,8 +153,8 @@ def published(root: Path) -> list[Path]:
 
 
 def _damaged(root: Path) -> list[Path]:
-    """`step_` + 8 digits holding lockstep's layout (an engine folder or rng/) but no readable
-    manifest: a checkpoint of lockstep's whose manifest was lost, not somebody else's folder."""
+    """lockstep's checkpoints whose manifest was lost: `step_` + 8 digits holding an engine
+    folder or rng/, but no readable manifest."""
     return [
         p
         for p in root.glob("step_*")
@@ -195,7 +166,7 @@ def _damaged(root: Path) -> list[Path]:
 
 def retain(root: Path, keep: int) -> list[Path]:
     """Delete all but the newest `keep` of lockstep's checkpoints (never the one `latest`
-    names, never a folder lockstep did not write); returns what it deleted."""
+    names); returns what it deleted."""
     try:
         current = read_text(root / LATEST, "checkpoint pointer").strip()
     except UsageError:
@@ -217,8 +188,7 @@ def find(root: Path, resume: str) -> Path | None:
         return path
     pointer = root / LATEST
     if not pointer.exists():
-        # lockstep's checkpoints, and folders laid out as one whose manifest is gone (damaged):
-        # never skipped silently, the user says what to do; anyone else's folder is left alone.
+        # never skipped silently, damaged ones included: the user says what to do
         ours = sorted({*published(root), *_damaged(root)})
         if ours:
             raise UsageError(
@@ -260,8 +230,7 @@ def verify(path: Path) -> dict[str, Any]:
 
 
 def check_compatible(manifest: dict[str, Any], path: Path, engine: str) -> None:
-    """An engine resumes its own checkpoints and those of engines that write the same format
-    (`EngineSpec.checkpoint`: ddp and fsdp share DCP; each ZeRO stage has its own)."""
+    """UsageError unless `engine` resumes checkpoints of the engine that wrote this one."""
     saved = manifest["engine"]
     if not engine_table.resumes(saved, engine):
         shared = "; ".join(
@@ -275,9 +244,8 @@ def check_compatible(manifest: dict[str, Any], path: Path, engine: str) -> None:
 
 
 def load(engine, path: Path) -> dict[str, Any]:
-    """Collective: rank 0 verifies and lets the engine prepare the checkpoint for this world
-    size (ZeRO converts it to DeepSpeed's universal checkpoint; DCP reshards ddp/fsdp
-    checkpoints by itself), every rank restores; returns the client state."""
+    """Collective: rank 0 verifies and prepares the checkpoint for this world size, every
+    rank restores; returns the client state."""
     answer: list[Any] = [None, None]  # error, saved world size
     if dist.get_rank() == 0:
         try:
@@ -299,17 +267,15 @@ def load(engine, path: Path) -> dict[str, Any]:
 
 
 def _allowed_globals() -> list:
-    """What lockstep's own checkpoint files hold beyond tensors and plain containers: numpy's
-    RNG state (an ndarray of uint32)."""
+    """Beyond tensors and plain containers, lockstep's files hold numpy's RNG state."""
     from numpy._core.multiarray import _reconstruct
 
     return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
 def load_file(path: Path, map_location: str | None = "cpu") -> Any:
-    """`torch.load` of a file lockstep wrote (RNG state, trainer state, a check's records):
-    `weights_only=True` with numpy's RNG array allowlisted, so a file planted in a shared
-    checkpoint folder cannot run code when a resume reads it."""
+    """`torch.load` of a file lockstep wrote, `weights_only=True`: a file planted in a shared
+    checkpoint folder cannot run code."""
     try:
         with torch.serialization.safe_globals(_allowed_globals()):
             return torch.load(path, map_location=map_location, weights_only=True)

@@ -1,9 +1,5 @@
 """The run config: one TOML file, validated by pydantic, overridable with `--set key=value`
-(`apply_overrides`) and in code (`derive`), both through `set_values`.
-
-Every error names the bad key and is one line, so `lockstep train` can exit 2 before any rank
-starts. Checks that need the world size (batch arithmetic) live in `RunConfig.check(world)`.
-"""
+and in code (`derive`). Every error names the bad key in one line, before any rank starts."""
 
 from __future__ import annotations
 
@@ -23,8 +19,7 @@ from lockstep.train.engine_table import ENGINES
 
 
 def _engine_name(value: Any) -> str:
-    """A name in the engine table (`lockstep.train.engine_table.ENGINES`), else pydantic's own
-    error for a Literal of those names."""
+    """A name in the engine table, else pydantic's error for a Literal of those names."""
     if isinstance(value, str) and value in ENGINES:
         return value
     expected = engine_table.series([repr(name) for name in ENGINES])
@@ -45,8 +40,7 @@ class ModelConfig(_Section):
     )
 
 
-# A count past these is a typo, not a batch any rank holds: bounded, so that a run config
-# like `batch.micro_size=1e23` is refused at once instead of looping while the data is built.
+# A count past this is a typo: `batch.micro_size=1e23` is refused, not looped over.
 MAX_BATCH = 2**20
 
 
@@ -222,9 +216,8 @@ def resolve_factory(spec: str, key: str):
 
 
 def config_needs(cfg: RunConfig, wandb: bool = True) -> dict[str, str]:
-    """The optional modules the ranks of run config `cfg` import: transformers for a model
-    preset, DeepSpeed for a ZeRO engine, wandb while logging.wandb is not disabled (`wandb`
-    False: the caller turns it off)."""
+    """The optional modules the ranks of `cfg` import, each with what needs it (`wandb`
+    False: the caller turns wandb off)."""
     needs = {}
     if not cfg.model.factory:
         needs["transformers"] = f"model preset {cfg.model.preset}"
@@ -236,14 +229,12 @@ def config_needs(cfg: RunConfig, wandb: bool = True) -> dict[str, str]:
 
 
 def require_config(what: str, cfg: RunConfig, wandb: bool = True) -> None:
-    """One line naming the extra to install when a module `cfg` needs is missing
-    (`lockstep.extras.require`), before any rank starts."""
+    """One line naming the extra to install when a module `cfg` needs is missing."""
     extras.require(what, config_needs(cfg, wandb))
 
 
 def _parse_value(text: str, what: str) -> Any:
-    """A TOML value (`3`, `1e-3`, `true`, `"x"`, `[1, 2]`), else the bare text as a string;
-    one nested deeper than inputs.MAX_DEPTH is a one-line UsageError naming `what`."""
+    """A TOML value (`3`, `1e-3`, `true`, `"x"`, `[1, 2]`), else the bare text as a string."""
     from lockstep.inputs import bounded_depth, too_deep
 
     try:
@@ -265,8 +256,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def set_values(data: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
-    """Set each dotted key (`engine.name`) of `values` in a config's data, in order: the one
-    override mechanism, of `--set` (`apply_overrides`) and of `derive`."""
+    """Set each dotted key (`engine.name`) of `values` in a config's data, in order: what
+    `--set` and `derive` both do."""
     for key, value in values.items():
         node = data
         *parents, leaf = key.split(".")
@@ -280,9 +271,8 @@ def set_values(data: dict[str, Any], values: Mapping[str, Any]) -> dict[str, Any
 
 
 def derive(cfg: RunConfig, source: str = "derived config", /, **dotted: Any) -> RunConfig:
-    """A copy of `cfg` with overrides set as `--set` sets them (`set_values`), values already
-    parsed: a keyword `section__key=value` (`engine__name="fsdp"`) or a dotted key
-    (`**{"logging.wandb": "disabled"}`); validated, errors naming `source`."""
+    """A validated copy of `cfg` with overrides set as `--set` sets them, values already parsed:
+    `engine__name="fsdp"` or `**{"logging.wandb": "disabled"}`."""
     values = {key.replace("__", "."): value for key, value in dotted.items()}
     return from_dict(set_values(cfg.model_dump(mode="json"), values), source)
 

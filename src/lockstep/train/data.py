@@ -1,13 +1,5 @@
-"""Deterministic training data, sharded by rank, with a position that checkpoints can hold.
-
-Sample `i` of the synthetic stream depends only on (seed, i): an arithmetic sequence
-`start, start+k, start+2k, ... (mod vocab)` with `start` and `k` drawn from a generator seeded
-by both. The next token follows from the previous two, so a small transformer learns it in a
-few steps and the loss visibly falls.
-
-Optimizer step `s` always consumes global samples `[s*G, (s+1)*G)` (G = global batch), split
-into micro batches and ranks in a fixed order. The same global batch therefore holds the same
-samples at any world size or accumulation, which world-size and accumulation checks rely on.
+"""Deterministic training data, sharded by rank, with a position that checkpoints can hold:
+step `s` trains on global samples [s*G, (s+1)*G) at any world size. Design: docs/design/train.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""DeepSpeed configs: generated from the run config in the usual ZeRO shapes, and checked.
-
-`generate` writes the ZeRO-2/ZeRO-3 blocks of DeepSpeed's documented examples (bucket sizes, stage-3
-prefetch and persistence thresholds, CPU offload, fp16 loss scaling) with every "auto"
-resolved the way the transformers integration resolves it. `problems` is the validator behind
-`lockstep ds-config FILE --world-size N`: one line per problem, found before any launch.
-"""
+"""DeepSpeed configs: generated from the run config in the usual ZeRO shapes (`generate`), and
+checked before any launch (`problems`). Design: docs/design/train.md."""
 
 from __future__ import annotations
 
@@ -79,8 +74,7 @@ def generate(cfg: RunConfig, world_size: int, device: str, model=None) -> dict[s
     on_gpu = device == "cuda"
     zero: dict[str, Any] = {"stage": stage, "overlap_comm": on_gpu, "contiguous_gradients": True}
     if stage < 3:
-        # The usual 2e8-element buckets suit GPUs; on CPU DeepSpeed allocates the bucket on
-        # every micro step (0.5 s for 800 MB), so size it to the model there.
+        # on CPU DeepSpeed allocates the bucket every micro step: sized to the model there
         bucket = 2e8 if on_gpu or model is None else min(2e8, _numel(model))
         zero |= {
             "allgather_partitions": True,
@@ -105,8 +99,7 @@ def generate(cfg: RunConfig, world_size: int, device: str, model=None) -> dict[s
     o = cfg.optimizer
     adam = {"lr": o.lr, "betas": list(o.betas), "eps": o.eps, "weight_decay": o.weight_decay}
     if not on_gpu:
-        # FusedAdam needs CUDA and DeepSpeedCPUAdam a ~2 min C++ build: use torch's AdamW,
-        # which also keeps CPU runs numerically equal to the ddp and fsdp engines.
+        # torch's AdamW: FusedAdam needs CUDA, CPUAdam a C++ build; and it equals ddp's, fsdp's
         adam["torch_adam"] = True
     ds: dict[str, Any] = {
         "train_batch_size": "auto",
@@ -173,8 +166,7 @@ _SECTIONS = ("zero_optimization", "fp16", "bf16", "optimizer", "scheduler")
 
 
 def _shape_problems(ds: dict[str, Any]) -> list[str]:
-    """Values of the wrong type, which DeepSpeed itself would fail on much later (or loop on):
-    a section that is no object, a batch size that is no positive integer nor "auto"."""
+    """Values of the wrong type, which DeepSpeed itself would fail on much later (or loop on)."""
     found = []
     for key in _SECTIONS:
         if key in ds and not isinstance(ds[key], dict):
@@ -253,8 +245,8 @@ def problems(ds: dict[str, Any], world_size: int) -> list[str]:
 
 
 def check_file(path: str, world_size: int) -> int:
-    """`lockstep ds-config FILE --world-size N`: one line per problem of FILE (exit 1), or one
-    saying it is fine for that world size (exit 0)."""
+    """`lockstep ds-config FILE --world-size N`: one line per problem (exit 1), or one saying
+    it is fine."""
     from lockstep import extras
     from lockstep.errors import EXIT_FAIL, EXIT_OK
     from lockstep.launch import rank_environment
@@ -277,10 +269,8 @@ _DS_ARCH = re.compile(r"\d+\.\d+(\+PTX)?")
 
 
 def arch_list_problem(value: str | None) -> str | None:
-    """Why DeepSpeed cannot JIT-build its CUDA ops (FusedAdam, CPUAdam) under this
-    TORCH_CUDA_ARCH_LIST, or None. Its builder reads each entry as integers, so an arch with a
-    suffix (`9.0a`, which NVIDIA's Hopper images set) ends every ZeRO engine in a ValueError
-    deep inside `deepspeed.initialize` (seen on an H200 with DeepSpeed 0.19.8)."""
+    """Why DeepSpeed cannot JIT-build its CUDA ops under this TORCH_CUDA_ARCH_LIST (an arch
+    suffix such as `9.0a`), or None."""
     entries = [e for e in (value or "").replace(" ", ";").split(";") if e]
     odd = [e for e in entries if not _DS_ARCH.fullmatch(e)]
     if not odd:

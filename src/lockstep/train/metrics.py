@@ -1,31 +1,5 @@
-"""Per-step metrics: rank 0 writes JSONL, logs to wandb (offline unless configured) and shows a
-rich progress bar.
-
-JSONL schema (`metrics.jsonl`, one object per optimizer step; the field names match the
-`LOCKSTEP_METRICS` protocol for user scripts):
-
-    step          int    optimizer step, 1-based
-    loss          float  mean loss over micro batches and ranks
-    grad_norm     float  global gradient norm before clipping (norm type clip.norm_type)
-    clip_coef     float  factor the gradients were multiplied by: min(1, max_norm/(norm+1e-6))
-    lr            float  learning rate used by this step
-    tokens        int    tokens in this step's global batch
-    tokens_per_s  float  tokens / step_time_s
-    step_time_s   float  wall time of the step on rank 0
-    mem_bytes     int    peak GPU memory allocated (cuda) or resident set size (cpu) on rank 0
-    mem_kind      str    "cuda_peak_allocated" or "cpu_rss"
-    mem_frac      float  mem_bytes as a fraction of the device's (cuda) or machine's (cpu) total
-    sync_time_s   float  time rank 0 spent in the step's loss all-reduce: waiting for the slowest
-                         rank shows here
-    time          float  unix seconds at the end of the step
-    loss_scale    float|null  fp16 dynamic loss scale, else null
-    skipped       bool   fp16 overflow: the update was skipped
-
-Alerts (`[alerts]`, `lockstep.alerts`) are lines of their own with `"event": "alert"`;
-readers of step rows skip lines that have an `event`.
-
-A resumed run appends to the same file; after a restart from an earlier checkpoint (elastic),
-steps past that checkpoint appear again, and the last row for a step is the one that counts.
+"""Per-step metrics: rank 0 writes metrics.jsonl (a `StepMetrics` row per optimizer step),
+logs to wandb (offline unless configured) and shows a progress bar. Design: docs/design/train.md.
 """
 
 from __future__ import annotations
@@ -40,21 +14,23 @@ import torch
 
 @dataclass
 class StepMetrics:
-    step: int
-    loss: float
-    grad_norm: float
-    clip_coef: float
+    """A row of metrics.jsonl, named as the `LOCKSTEP_METRICS` protocol names its fields."""
+
+    step: int  # optimizer step, from 1
+    loss: float  # mean over micro batches and ranks
+    grad_norm: float  # global, before clipping (clip.norm_type)
+    clip_coef: float  # min(1, max_norm / (norm + 1e-6))
     lr: float
-    tokens: int
+    tokens: int  # in the step's global batch
     tokens_per_s: float
-    step_time_s: float
-    mem_bytes: int
-    mem_kind: str
-    loss_scale: float | None
-    skipped: bool
-    mem_frac: float = 0.0
-    sync_time_s: float = 0.0
-    time: float = 0.0
+    step_time_s: float  # on rank 0
+    mem_bytes: int  # rank 0's peak GPU memory allocated, or CPU RSS
+    mem_kind: str  # "cuda_peak_allocated" or "cpu_rss"
+    loss_scale: float | None  # fp16 only
+    skipped: bool  # fp16 overflow: no update
+    mem_frac: float = 0.0  # mem_bytes as a share of the device's or machine's
+    sync_time_s: float = 0.0  # rank 0's wait in the loss all-reduce: the slowest rank shows
+    time: float = 0.0  # unix seconds at the step's end
 
 
 def memory_total(device: torch.device) -> int:
@@ -109,8 +85,7 @@ class MetricsSink:
                     mode=cfg.logging.wandb,
                     config=run_config,  # already redacted
                     reinit="finish_previous",
-                    # No console capture: wandb would keep the raw output (its output.log, the
-                    # run's stream) before anything could redact it. The terminal has it.
+                    # no console capture: wandb would keep the output before any redaction
                     settings=wandb.Settings(console="off"),
                 )
             digests = fingerprint_digests()
@@ -147,8 +122,7 @@ class MetricsSink:
             self.progress.update(self.task, completed=m.step, loss=f"{m.loss:.4f}")
 
     def alert(self, alert) -> None:
-        """An alert (`lockstep.alerts.Alert`): a line in metrics.jsonl, a line on stderr,
-        and a wandb alert where the run is online."""
+        """An alert: a line in metrics.jsonl and on stderr, a wandb alert when online."""
         import sys
 
         self.file.write(json.dumps(alert.row()) + "\n")

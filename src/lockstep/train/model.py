@@ -1,9 +1,5 @@
-"""The model: a transformers causal LM from a config with random weights, or a user's factory.
-
-Nothing is downloaded. Dropout is off in the presets so that every engine computes the same
-function and cross-engine checks can compare losses tightly. The weights depend only on the
-seed, never on the rank or the engine.
-"""
+"""The model: a transformers causal LM from a config with random weights (nothing is
+downloaded, no dropout in the presets), or a user's factory. Design: docs/design/train.md."""
 
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ _NO_DROPOUT = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
 
 
 def _gpt2(vocab_size: int, **fields) -> dict[str, Any]:
-    """GPT-2's convention, the last token as BOS and EOS, inside this small vocabulary
-    (transformers warns on every start about the default 50256 otherwise)."""
+    """GPT-2's convention, the last token as BOS and EOS, inside a small vocabulary."""
     last = vocab_size - 1
     return dict(vocab_size=vocab_size, bos_token_id=last, eos_token_id=last, **fields)
 
@@ -42,7 +37,7 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
             attention_dropout=0.0,
         ),
     ),
-    # Large enough that a CPU step takes ~0.1-0.3 s, for the overhead benchmark.
+    # large enough for the overhead benchmark
     "gpt2-small-bench": (
         "gpt2",
         _gpt2(512, n_positions=128, n_embd=256, n_layer=4, n_head=8, **_NO_DROPOUT),
@@ -73,8 +68,8 @@ def build_model(cfg: ModelConfig, seed: int) -> nn.Module:
 
 
 def model_modules(cfg: ModelConfig) -> list[str]:
-    """The transformers modules a preset's model is built from (none for a user's factory),
-    for a launcher to import once ahead of its ranks."""
+    """The transformers modules a preset's model is built from, for a launcher to import once
+    ahead of its ranks."""
     if cfg.factory:
         return []
     model_type = PRESETS[cfg.preset][0]

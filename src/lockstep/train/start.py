@@ -1,6 +1,5 @@
-"""`lockstep train` below its parser: one rank of an outer launch (torchrun, the deepspeed
-launcher, srun, mpirun, PMI: `lockstep.launch.detect` reads which), or, with none, `--nproc`
-local ranks started here after the config and resume checks."""
+"""`lockstep train` below its parser: one rank of an outer launch, or `--nproc` local ranks
+started here. Design: docs/design/train.md."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ class TrainOptions:
 
 
 def train(options: TrainOptions) -> int:
-    """One rank of an outer launch, or `options.nproc` local ranks (the module's docstring)."""
+    """One rank of an outer launch, or `options.nproc` local ranks."""
     from lockstep.errors import EXIT_FAIL, UsageError
     from lockstep.launch import detect
     from lockstep.train.config import load_config, require_config
@@ -51,10 +50,7 @@ def train(options: TrainOptions) -> int:
 
 def _share_cores(cfg, info) -> None:
     """Under srun or mpirun, which set no OMP_NUM_THREADS, give each rank the share of the
-    node's cores that `--nproc` ranks get (torchrun sets OMP_NUM_THREADS itself). torch's
-    default is every core per rank: on CPU the intra-op thread count changes the float sums,
-    so `srun -N4 --ntasks-per-node 2` ended with another parameter digest than torchrun and
-    `--nproc 8` on the same global batch (and oversubscribed the node)."""
+    node's cores that `--nproc` ranks get: the thread count changes CPU float sums."""
     import os
 
     from lockstep.launch import rank_environment
@@ -80,9 +76,8 @@ def _check_before_start(cfg, world_size: int, out_dir: Path) -> None:
 
 
 def _start_local_ranks(cfg, nproc: int, out_dir: Path, timeout: float | None = None) -> str:
-    """Start `nproc` ranks on this machine, wait for them (at most `timeout` seconds); rank 0's
-    summary, or the first failing rank's as a LockstepError. The ranks' flight-recorder dumps
-    go to OUT/flight-recorder/ (`lockstep.forensics`)."""
+    """Start `nproc` ranks here and wait (at most `timeout` s): rank 0's summary, or the first
+    failing rank's as a LockstepError."""
     from lockstep.launch import run_local
     from lockstep.train.trainer import rank_modules
 

@@ -1,11 +1,5 @@
 """The training loop every engine shares, usable in-process: `run_training(cfg, out_dir)`.
-
-It joins the default process group when one exists (a warm test worker, torchrun, the
-deepspeed launcher), else initializes one from the launcher's variables (read by
-`lockstep.launch.detect`: torchrun, srun, mpirun, PMI), else runs as a single process. Checks
-build on `Trainer`: per-step metrics, a final parameter digest, and the full (unsharded)
-parameters and optimizer state of any engine.
-"""
+Design: docs/design/train.md."""
 
 from __future__ import annotations
 
@@ -50,7 +44,7 @@ class TrainResult:
     out_dir: Path
     params: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     optimizer_state: dict[str, dict[str, torch.Tensor]] | None = field(default=None, repr=False)
-    stopped_by: str | None = None  # the alert rule (action = "stop") that ended the run early
+    stopped_by: str | None = None  # the "stop" alert rule that ended the run early
 
     def summary(self) -> str:
         """One line for the user: where the run ended and why."""
@@ -141,7 +135,7 @@ class Trainer:
         self.last_checkpoint: Path | None = None
         self.mem_total = memory_total(self.ctx.device)
         self.alert_rules = cfg.alerts.load()
-        self.stopped_by: str | None = None  # the alert that ended the run early
+        self.stopped_by: str | None = None
         self._resume()
 
     def _resume(self) -> None:
@@ -222,7 +216,7 @@ class Trainer:
                     stop = self._agree_on_stop(stop)
                 if stop is not None:
                     self.stopped_by = stop
-                    self.save()  # a clean end: the state that raised the alert, resumable
+                    self.save()  # a clean end, resumable
                     break
                 if (every and self.step % every == 0) or (at_end and self.step == end):
                     self.save()

@@ -1,9 +1,5 @@
-"""The engine interface: one optimizer step with accumulation, clipping and the pre-clip norm;
-save and load through the framework's own checkpoint mechanism; full (unsharded) state for
-checks that compare engines; the LR schedule's position and the optimizer that applies the
-update, for checks that look inside a step. Code outside `lockstep.train.engines` uses only
-this interface, so a new engine is one new module here and one row of the engine table
-(`lockstep.train.engine_table.ENGINES`)."""
+"""The engine interface: code outside `lockstep.train.engines` uses only this.
+Design: docs/design/train.md."""
 
 from __future__ import annotations
 
@@ -33,12 +29,12 @@ class Context:
 
 @dataclass
 class StepOutcome:
-    loss: torch.Tensor  # this rank's mean micro-batch loss, detached, on the device
-    grad_norm: float  # global, before clipping (after unscaling under fp16)
-    clip_coef: float  # factor applied to the gradients: min(1, max_norm / (norm + 1e-6))
-    lr: float  # the learning rate this step used
+    loss: torch.Tensor  # this rank's mean micro-batch loss, detached
+    grad_norm: float  # global, before clipping (unscaled under fp16)
+    clip_coef: float
+    lr: float  # the one this step used
     loss_scale: float | None  # fp16 only
-    skipped: bool  # fp16 overflow: no update this step
+    skipped: bool  # fp16 overflow: no update
 
 
 def clip_coefficient(norm: float, max_norm: float) -> float:
@@ -72,9 +68,7 @@ class Engine(ABC):
 
     name: str
     module: nn.Module  # the user's model (unwrapped), for parameter names
-    # True when each rank's `update_optimizer` holds a disjoint shard of the gradients
-    # (their norms add up across ranks), False when every rank holds all of them
-    gradients_sharded: bool
+    gradients_sharded: bool  # each rank's `update_optimizer` holds a disjoint shard of them
 
     def __init__(self, model: nn.Module, cfg: RunConfig, ctx: Context):
         self.cfg = cfg
@@ -98,28 +92,24 @@ class Engine(ABC):
 
     @abstractmethod
     def lr_schedule_step(self) -> int | None:
-        """How often the LR schedule has advanced (the torch scheduler's `last_epoch`); None
-        when the schedule does not count that way (a user's DeepSpeed scheduler)."""
+        """The torch scheduler's `last_epoch`; None for a schedule that does not count so."""
 
     @abstractmethod
     def update_optimizer(self) -> torch.optim.Optimizer:
-        """The torch optimizer whose `step` applies the update, for step hooks: it sees the
-        clipped gradients, this rank's shard of them when `gradients_sharded`."""
+        """The torch optimizer whose `step` applies the (clipped) update, for step hooks."""
 
     @abstractmethod
     def save(self, path: Path, client_state: dict[str, Any]) -> None:
-        """Write this engine's state under `path` (a directory every rank can see)."""
+        """Write this engine's state under `path`, a directory every rank sees."""
 
     @abstractmethod
     def prepare_load(self, path: Path, saved_world_size: int) -> None:
-        """Rank 0 only, before every rank calls `load`: make the checkpoint at `path`, written
-        by `saved_world_size` ranks, loadable at this world size (UsageError when it cannot
-        be)."""
+        """Rank 0, before `load`: make the checkpoint loadable at this world size, or raise
+        UsageError."""
 
     @abstractmethod
     def load(self, path: Path, saved_world_size: int) -> dict[str, Any]:
-        """Restore from `path`, written by `saved_world_size` ranks; return the client state
-        given to `save`."""
+        """Restore from `path`; return the client state given to `save`."""
 
     @abstractmethod
     def full_parameters(self) -> dict[str, torch.Tensor]:
@@ -127,7 +117,7 @@ class Engine(ABC):
 
     @abstractmethod
     def full_optimizer_state(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Per parameter name, the optimizer's tensors (exp_avg, exp_avg_sq, ...), unsharded."""
+        """Per parameter name, the optimizer's tensors (exp_avg, ...), unsharded."""
 
     def param_names(self) -> list[str]:
         return [n for n, _ in self.module.named_parameters()]

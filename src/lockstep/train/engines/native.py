@@ -96,8 +96,7 @@ class NativeEngine(Engine):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        # Read only now: a host sync before the optimizer step would hold its kernels back until
-        # the backward pass ends on the GPU.
+        # read only now: a host sync before the optimizer step would wait for the backward
         norm_value = float(norm)
         return StepOutcome(
             loss=torch.stack(losses).mean(),
@@ -134,7 +133,7 @@ class NativeEngine(Engine):
         del path, saved_world_size  # DCP reshards to this world size on its own
 
     def load(self, path: Path, saved_world_size: int) -> dict[str, Any]:
-        del saved_world_size  # DCP reshards to this world size on its own
+        del saved_world_size
         model_sd, optim_sd = get_state_dict(self.wrapped, self.optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         dcp.load(state, checkpoint_id=str(path / "dcp"))

@@ -114,8 +114,8 @@ class ZeroEngine(Engine):
             universal_checkpoint(path)
 
     def load(self, path: Path, saved_world_size: int) -> dict[str, Any]:
-        """Same world size: DeepSpeed's own checkpoint. Another one: the universal checkpoint
-        that `prepare_load` made beside it, loaded with `checkpoint.load_universal`."""
+        """DeepSpeed's own checkpoint, or at another world size the universal one that
+        `prepare_load` made beside it."""
         universal = saved_world_size != self.ctx.world_size
         config = compat.deepspeed_engine_config(self.engine)  # read at load time only
         config.load_universal_checkpoint = universal
@@ -148,8 +148,8 @@ class ZeroEngine(Engine):
         return {n: self._full(p, None) for n, p in self.engine.module.named_parameters()}
 
     def full_optimizer_state(self) -> dict[str, dict[str, torch.Tensor]]:
-        # ZeRO-1/2 link parameters to optimizer-state fragments at the first step; after a
-        # load_checkpoint that has not happened yet, so link them now (DeepSpeed's own hook).
+        # ZeRO-1/2 link parameters to optimizer-state fragments at the first step, which has
+        # not come yet after a load_checkpoint: link them now (DeepSpeed's own hook)
         link = getattr(self.engine.optimizer, "_lazy_init_hp_params_optimizer_state", None)
         if link is not None and getattr(self.engine.optimizer.optimizer, "state", None):
             link()
