@@ -1,5 +1,4 @@
-"""The accumulation check: micro batch × accumulation steps trains like one large batch of
-the same global size (`agreement.agree`, numeric tolerance)."""
+"""The accumulation check: micro batch × accumulation steps trains like one large batch."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from lockstep.train.config import RunConfig
 
 
 def check_accumulation(cfg: RunConfig, workdir: Path) -> CheckResult:
-    """micro batch × accumulation steps equals one large batch of the same global size."""
+    """Against one large batch of the same global size."""
     micro, accum, _ = cfg.batch_shape(world_size())
     if accum == 1:
         if micro % 2:

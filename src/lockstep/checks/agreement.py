@@ -1,6 +1,6 @@
-"""Runs that must agree: every run of a numeric check (equivalence, world size,
-accumulation) against the first, step by step, then the final parameters; and `combine`,
-one result for several runs of a check."""
+"""Runs that must agree (equivalence, world size, accumulation), and `combine`, one result for
+several runs of a check.
+"""
 
 from __future__ import annotations
 
@@ -24,16 +24,8 @@ def agree(
     workdir: Path | None = None,
     passes: tuple[str, ...] = PASSES,
 ) -> CheckResult:
-    """Every run against the first: loss, grad norm and lr per step, then final parameters.
-
-    Parameters get an absolute tolerance of 1% of the learning rate: Adam divides by the
-    root of the second moment, which turns rounding differences in near-zero gradients into
-    visible fractions of a step.
-
-    With `sides` (each run's `divergence_replay.Side`), a failure is replayed: the first
-    module and pass where the runs part, and in float64 whether the difference is rounding
-    noise (then the check passes, saying so) or a real dependence.
-    """
+    """Every run against the first: loss, grad norm and lr per step, then final parameters
+    (atol 1% of lr). With `sides`, a failure is replayed (`divergence_replay`)."""
     rtol, atol = numeric_tolerance(cfg)
     logged = {label: run_rows for label, (run_rows, _) in runs.items()}
     bad = unsound(name, logged)
@@ -66,7 +58,7 @@ def agree(
                 rows32=(base_rows, other_rows),
             )
             replay = (found.forensics.get("verdict") or {}).get("kind")
-            later = False  # beyond the floor later (a dependence the replay proved: no floor)
+            later = False  # the floor fails a later step the replay did not judge
             if div.metric in nf.METRICS and replay not in ("factor", "dependence"):
                 later = floor_verdict(found, sides[base], (base_rows, other_rows), workdir / name,
                               rtol, atol, decides=replay != "noise", after=div.step)  # fmt: skip
@@ -98,8 +90,7 @@ def agree(
 
 
 def first_cause(div, diagnosis: str) -> str:
-    """The likely cause from what differs first: a loss at step 1 comes before any update,
-    so the runs started apart (weights or data) before anything `diagnosis` names."""
+    """`diagnosis`, unless the loss differs at step 1, before any update."""
     if div.step == 1 and div.metric == "loss":
         return (
             "at step 1, before any update, so the runs start apart: the initial weights (a "
@@ -110,17 +101,12 @@ def first_cause(div, diagnosis: str) -> str:
 
 def floor_verdict(found: CheckResult, side, rows: tuple[list[dict], list[dict]], out: Path,
                   rtol: float, atol: float, decides: bool, after: int) -> bool:  # fmt: skip
-    """`found` (a failed agreement) with the noise floor: the first side once more with its
-    fp32 sums reordered (`noise_floor.reordered`: another intra-op thread count), every step
-    judged against it (`noise_floor.judge`), the margin in its lines. Where no float64 replay
-    decided (`decides`), the floor does: within it a pass, a metric it cannot judge NOT
-    JUDGED. Where the replay found rounding noise at the first differing step, a difference
-    beyond the floor at a later step (`after` it) still fails: the replay judged one step
-    (True then). Collective, like the side."""
+    """`found` judged against the first side's noise floor (deciding with `decides`); True
+    when the floor fails a step after `after`."""
     try:
         with nf.reordered():
             _, perturbed = side(len(rows[0]), None, out / "reordered")
-    except Exception as exc:  # an engine that cannot replay: the replay's verdict stands
+    except Exception as exc:  # an engine that cannot rerun: the replay's verdict stands
         found.notes.append(f"no noise floor: the reordered run could not run: {exc!r}")
         return False
     judged = rank0(nf.judge(*rows, nf.measure(rows[0], [perturbed]), rtol, atol))
@@ -143,8 +129,7 @@ def floor_verdict(found: CheckResult, side, rows: tuple[list[dict], list[dict]],
 
 
 def combine(name: str, results: list[CheckResult]) -> CheckResult:
-    """One result for several runs of a check: the first failure, else the first that could
-    not judge, else every summary."""
+    """One result for several: the first failure, else the first not judged, else all passed."""
     for verdict in ("fail", "not_judged"):
         for result in results:
             if result.verdict == verdict:

@@ -1,9 +1,5 @@
-"""`lockstep check NAME CONFIG` (lockstep's own harness, any engine) and
-`lockstep check NAME --script CMD` (a user's script): training invariant checks. The parser,
-declared by `plans.Request`; the work is in `checks.command` and `checks.plans`.
-
-Exit codes: 0 every check passed, 1 a check failed, 2 bad input (including a script that
-crashes or ignores the protocol), 3 a run timed out, 4 a check could not judge (it says why).
+"""`lockstep check NAME CONFIG` and `lockstep check NAME --script CMD`: the parser, declared by
+`plans.Request`.
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ from lockstep.checks.plans import Request
 
 def register(sub: argparse._SubParsersAction) -> None:
     flags.command(
-        sub, "check", Request, "lockstep.checks.command:check",
+        sub, "check", Request, "lockstep.checks.plans:check",
         help="run training invariant checks on a run config or on your own script",
         description="With CONFIG: train lockstep's reference job (any engine) in local ranks "
         "and check determinism, resume, clip, equivalence, world-size, accumulation or "
@@ -24,4 +20,3 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and compare the per-step metrics it logs with lockstep.track.log (determinism, "
         "resume, world-size, replicas; see docs/scripts.md).",
     )  # fmt: skip
-

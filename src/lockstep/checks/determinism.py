@@ -1,7 +1,6 @@
-"""The determinism check: the same run twice gives identical per-step metrics and final
-state. On lockstep's reference job (`check_determinism`, bitwise on CPU) and on a user's
-script (`check_script`: two launches, compared within the asked tolerances). A failure is
-replayed to name the module where the runs part."""
+"""The determinism check: the same run twice gives identical metrics and final state; a
+failure is replayed to name the module where the runs part.
+"""
 
 from __future__ import annotations
 
@@ -32,11 +31,10 @@ UNSEEDED = (
 
 
 def check_determinism(cfg: RunConfig, workdir: Path) -> CheckResult:
-    """The same config twice: identical per-step loss and grad norm, identical final state."""
+    """The same config twice: identical per-step metrics and final parameters."""
     rtol, atol = exact_tolerance(cfg)
     cfg = without_checkpoints(cfg)
-    # the first may be another check's run of this config (`harness.shared_runs`); the second
-    # is always a run of its own
+    # the first may be shared with another check (`harness.shared_runs`), never the second
     runs = [
         trained(cfg, workdir / "determinism-1"),
         run_training(cfg, workdir / "determinism-2", capture_state=True),
@@ -120,8 +118,7 @@ def read_watched(path: Path) -> list[StepRecord]:
 
 
 def module_replay(runner: ScriptRunner, step: int, nproc: int, rtol: float, atol: float):
-    """Two more runs to `step` with LOCKSTEP_WATCH set: a script that calls
-    `lockstep.track.watch(model)` writes per-module digests, compared here (rank 0's)."""
+    """Two more runs to `step` with LOCKSTEP_WATCH set, their per-module digests compared."""
     found = []
     for i in (1, 2):
         path = runner.workdir / f"determinism-watch-{i}" / "modules-{rank}.jsonl"

@@ -1,15 +1,5 @@
-"""Where in the model two runs part, and whether a numeric difference is noise or a bug.
-
-Only after a check has failed: the normal run installs nothing. The failure path replays the
-runs with a `lockstep.module_digest.Recorder` on each (each module's output, the gradients
-the optimizer is about to step with, the parameters after the update, as `Digest`s), and
-`first_difference` (pure) names the first step, pass and module where the two records part:
-forward outputs in execution order, then gradients in backward order (reverse execution),
-then parameters after the update.
-
-`float64_verdict` (pure) reads a replay of both sides in float64: rounding noise (a reduction
-order) shrinks by orders of magnitude, a real dependence does not; gradients that differ by
-one common factor are named as a normalisation.
+"""Where in the model two recorded runs part (`first_difference`), and whether a numeric
+difference is rounding noise or a bug (`float64_verdict`). Design: docs/design/checks.md.
 """
 
 from __future__ import annotations
@@ -26,7 +16,7 @@ from lockstep.module_digest import PASSES, Digest, StepRecord
 
 def close(a: Digest, b: Digest, rtol: float, atol: float) -> bool:
     """Equal bytes when rtol = atol = 0; else every moment within tolerance of the larger
-    norm (sum and projection can cancel, so they are held to the norm's scale)."""
+    norm (sum and projection can cancel)."""
     if a.numel != b.numel:
         return False
     if rtol == atol == 0 and a.sha and b.sha:
@@ -88,8 +78,7 @@ def first_difference(
     a: list[StepRecord], b: list[StepRecord], rtol: float = 0.0, atol: float = 0.0,
     steps: range | None = None, passes: tuple[str, ...] = PASSES,
 ) -> Parting | None:  # fmt: skip
-    """The first (step, pass, name) whose digests differ, or None: steps in order, then
-    forward, backward, update (those in `passes`). Pure."""
+    """The first (step, pass, name) whose digests differ, or None. Pure."""
     want, got = {r.step: r for r in a}, {r.step: r for r in b}
     for step in steps if steps is not None else sorted(set(want) & set(got)):
         if step not in want or step not in got:
@@ -161,9 +150,8 @@ def float64_verdict(
     grads64: tuple[list[tuple[str, Digest]], list[tuple[str, Digest]]] | None = None,
     shrink: float = 1e-3,
 ) -> Verdict:
-    """Noise or bug from `metric` at the diverging step on both sides in fp32 (as the check
-    saw it) and in the float64 replay; with the replay's (pre-clip) gradients, a common factor
-    is named. Pure."""
+    """Noise or bug from `metric` on both sides in fp32 and in the float64 replay; with the
+    replay's gradients, a common factor is named. Pure."""
     rel32 = _rel(*fp32)
     if fp64 is None:
         return Verdict("unavailable", "no float64 replay on this engine", rel32)
@@ -198,7 +186,7 @@ def float64_verdict(
 
 @contextlib.contextmanager
 def default_dtype(dtype: torch.dtype):
-    """Models, optimizer state and losses built inside come out in `dtype` (the replay)."""
+    """Models, optimizer state and losses built inside come out in `dtype`."""
     old = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -208,8 +196,7 @@ def default_dtype(dtype: torch.dtype):
 
 
 def markdown(results) -> str:
-    """The step summary's section for failed checks with forensics (`CheckResult`s): check,
-    step, pass, module, verdict. Empty when none has any."""
+    """The step summary's section for the results with forensics; empty when none has any."""
     from lockstep.summary_md import md_cell
 
     rows = [r for r in results if r.forensics]
@@ -235,9 +222,8 @@ def _float32_exact(x) -> bool:
 
 def judge(metric: str, rows32: tuple[dict, dict], rows64: tuple[dict, dict],
           grads64=None) -> Verdict:  # fmt: skip
-    """`float64_verdict` on both sides' records at the diverging step; a metric the run
-    keeps in float32 whatever the replay (both float64 values float32-exact) that differs by
-    at most 4 float32 ulps is judged by the other metric's replay instead. Pure."""
+    """`float64_verdict` on both sides' records; a metric kept in float32 whatever the replay
+    is judged by the other metric's replay within 4 float32 ulps. Pure."""
     pair = lambda rows, m: (rows[0].get(m), rows[1].get(m))  # noqa: E731
     verdict = float64_verdict(metric, pair(rows32, metric), pair(rows64, metric), grads64)
     if verdict.kind != "dependence" or not all(map(_float32_exact, pair(rows64, metric))):

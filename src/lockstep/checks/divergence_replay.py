@@ -1,9 +1,5 @@
-"""A failed check's replay on lockstep's reference job: both runs again, recorded
-(`lockstep.module_digest.Recorder`), compared (`divergence.first_difference`), and for the numeric
-checks (world-size, equivalence, accumulation) both sides once more in float64
-(`divergence.float64_verdict`); `investigated` adds the findings to a failed check's result.
-Collective, like the checks; every rank returns rank 0's findings. Nothing here runs unless
-a check has failed.
+"""A failed check's replay on the reference job: both runs again, recorded and compared, for the
+numeric checks in float64 too. Collective.
 """
 
 from __future__ import annotations
@@ -27,15 +23,14 @@ Side = Callable[[int, "torch.dtype | None", Path], tuple[list[StepRecord], list[
 
 
 def trainer_side(cfg, record_from: int = 1) -> Side:
-    """cfg's run on the engine (a fresh Trainer: a resume config resumes), recorded from
-    step `record_from` on."""
+    """cfg's run on the engine (a resume config resumes), recorded from step `record_from`."""
 
     def record(steps, dtype, out):
         from lockstep.train.engine_table import ENGINES
         from lockstep.train.trainer import Trainer
 
         if dtype is not None and ENGINES[cfg.engine.name].zero_stage is not None:
-            # every rank raises alike, before any collective: the verdict says unavailable
+            # every rank raises alike, before any collective
             raise NotImplementedError(f"{cfg.engine.name} keeps fp32 master weights")
         run = check_config(cfg, checkpoint__at_end=False, checkpoint__every=0)
         ctx = dv.default_dtype(dtype) if dtype is not None else contextlib.nullcontext()
@@ -61,7 +56,7 @@ def trainer_side(cfg, record_from: int = 1) -> Side:
 
 
 def reference_side(cfg, world_size: int) -> Side:
-    """The unsharded single-process reference (`reference.run_reference`), recorded."""
+    """The unsharded reference, recorded."""
 
     def record(steps, dtype, out):
         from lockstep.checks.reference import run_reference
@@ -98,7 +93,7 @@ class Findings:
 
 
 def rank0(obj):
-    """Rank 0's `obj` on every rank: the ranks go on (or stop) alike."""
+    """Rank 0's `obj` on every rank, so that the ranks go on alike."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return obj
     box = [obj]
@@ -118,9 +113,8 @@ def investigate(
     float64: bool = False,
     rows32: tuple[list[dict], list[dict]] | None = None,
 ) -> Findings:
-    """Replay both sides to the diverging step (or `last_step` when only the final state
-    differed), name the first step, pass and module where they part; with `float64`, say
-    whether the difference is rounding noise."""
+    """Both sides replayed to the diverging step (or `last_step`): where they part; with
+    `float64`, whether the difference is rounding noise."""
     (a, side_a), (b, side_b) = sides.items()
     step = div.step if div is not None and div.metric != "step" else last_step
     lines: list[str] = []
@@ -141,7 +135,7 @@ def investigate(
         try:
             r64a, rows64a = side_a(step, torch.float64, workdir / "replay64-a")
             r64b, rows64b = side_b(step, torch.float64, workdir / "replay64-b")
-        except Exception as exc:  # an engine without float64 (DeepSpeed): say so
+        except Exception as exc:  # an engine without float64 (DeepSpeed)
             verdict = dv.Verdict("unavailable", f"no float64 replay: {type(exc).__name__}")
         else:
             grads = None
@@ -163,8 +157,7 @@ def investigate(
 
 def investigated(result: CheckResult, sides: dict[str, Side], workdir: Path, last_step: int,
                  rtol: float, atol: float, **options) -> CheckResult:  # fmt: skip
-    """A failed result with its replay's findings (`investigate`): the first step, pass and
-    module where the runs part, and for numeric checks noise or bug."""
+    """A failed result with its replay's findings (`investigate`)."""
     found = investigate(sides, workdir, result.divergence, last_step, rtol, atol, **options)
     result.forensics = found.to_dict()
     result.notes.extend(found.lines)

@@ -1,7 +1,5 @@
-"""The elastic check: a launch with one restart allowed, in which rank 1 kills itself with
-SIGKILL mid-run; torchelastic's agent restarts every rank, the job resumes from its latest
-checkpoint, and the result must equal an uninterrupted run. Everything of it is here: the rank
-side (`rank_elastic`), the launch (`run`, called by `plan`) and the verdict (`judge_elastic`).
+"""The elastic check: rank 1 is SIGKILLed mid-run under a launch with one restart allowed; the
+resumed job must equal an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -19,8 +17,7 @@ ELASTIC_STATE = "elastic-reference.pt"
 
 
 def run(cfg, workdir: Path, nproc: int):
-    """Launch the check of run `cfg` on `nproc` local ranks (rank 1 dies after half the
-    steps); judged."""
+    """The check of run `cfg` on `nproc` local ranks, rank 1 killed after half the steps."""
     kill_at = max(1, cfg.steps // 2)
     config = cfg.model_dump(mode="json")
     outcome = run_ranks(rank_elastic, (config, str(workdir), kill_at), nproc, cfg, max_restarts=1)
@@ -28,19 +25,14 @@ def run(cfg, workdir: Path, nproc: int):
 
 
 def plan(launches, check) -> list[CheckResult]:
-    """`lockstep check elastic`: the check's own launch (`plans.Launches`), shown."""
+    """`lockstep check elastic`: the check's own launch, shown."""
     result = run(launches.cfg, launches.workdir / "elastic", launches.nproc)
     launches.show(result)
     return [result]
 
 
 def rank_elastic(config: dict, workdir: str, kill_at: int) -> dict | LockstepError:
-    """One rank of the elastic check, under a launch with one restart allowed.
-
-    First attempt: an uninterrupted reference run, then the checkpointed run, during which
-    rank 1 kills itself with SIGKILL after step `kill_at`. The agent restarts every rank;
-    the second attempt resumes from the latest checkpoint and trains to the end.
-    """
+    """One rank: an uninterrupted run, then a checkpointed one that rank 1 kills at `kill_at`."""
     import torch
 
     from lockstep.checks.harness import check_config, without_checkpoints
@@ -89,8 +81,8 @@ def rank_elastic(config: dict, workdir: str, kill_at: int) -> dict | LockstepErr
 
 
 def judge_elastic(outcome: dict, kill_at: int) -> CheckResult:
-    """The restarted job against the uninterrupted run: same steps after the resume, same
-    final parameters (bitwise on CPU)."""
+    """The restarted job against the uninterrupted run: steps after the resume, final
+    parameters."""
     ref = outcome["reference"]
     if outcome["attempt"] != 1 or outcome["start_step"] != kill_at:
         return CheckResult(

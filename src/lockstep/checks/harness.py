@@ -1,17 +1,5 @@
-"""What the checks on lockstep's own harness (`lockstep.train`) share: the configs they train,
-their tolerances, one run's trajectory.
-
-Each check (`determinism.py`, `resume.py`, ...) is collective: call it on every rank of a
-process group (a `lockstep check` launch, a warm pytest pool) or in a single process; every
-rank returns the same `CheckResult`. The trainings of a check run one after another in the
-same processes.
-
-Tolerances: runs that must be identical (determinism, resume) are compared bitwise on CPU
-and on GPU with `deterministic = true` (CUBLAS_WORKSPACE_CONFIG, deterministic algorithms
-and NCCL_ALGO=Ring pinned); a GPU run with `deterministic = false` gets rtol 1e-3
-(`exact_tolerance`). Comparisons across engines, world sizes, accumulation or against the
-unsharded reference change the summation order, so they use `numeric_tolerance` (fp32 rtol
-1e-5; bf16/fp16 rtol 2e-2).
+"""What the checks on lockstep's own harness share: the configs they train, their tolerances,
+one run's trajectory. The checks are collective: every rank returns the same result.
 """
 
 from __future__ import annotations
@@ -27,7 +15,6 @@ from lockstep.checks.state import first_tensor_difference, rows
 from lockstep.train.config import RunConfig, derive
 from lockstep.train.trainer import TrainResult, run_training
 
-# every training of a check runs without wandb and without a progress bar
 QUIET = {"logging.wandb": "disabled", "logging.progress": False}
 
 
@@ -69,11 +56,7 @@ _shared: dict[str, TrainResult] | None = None
 
 @contextlib.contextmanager
 def shared_runs():
-    """While inside, a run without checkpoints of a config already trained here is not trained
-    again (`trained`): the checks of one launch (`harness_ranks.rank_calls`) share it, e.g.
-    determinism's first run, accumulation's micro-batch run and world size's run of the same
-    config. Only within one launch: a later one (or a test that patches the trainer) starts
-    afresh."""
+    """While inside, the checks of one launch share a run of the same config (`trained`)."""
     global _shared
     outer, _shared = _shared, {}
     try:
@@ -83,8 +66,7 @@ def shared_runs():
 
 
 def trained(cfg: RunConfig, out: Path) -> TrainResult:
-    """One run of `cfg` without checkpoints, its final state captured; inside `shared_runs()`
-    the one this launch already made of the same config on the same ranks."""
+    """One run of `cfg` without checkpoints, its final state captured (shared: `shared_runs`)."""
     cfg = without_checkpoints(cfg)
     key = f"{world_size()}:{cfg.model_dump_json()}"
     if _shared is not None and key in _shared:
@@ -102,7 +84,6 @@ def fresh_trajectory(cfg: RunConfig, out: Path) -> tuple[list[dict], dict[str, t
 
 
 def trajectory(cfg: RunConfig, out: Path) -> tuple[list[dict], dict[str, torch.Tensor]]:
-    """One run of `cfg` without checkpoints (`trained`): its per-step rows and final
-    parameters."""
+    """`trained`'s per-step rows and final parameters."""
     result = trained(cfg, out)
     return rows(result.steps), result.params

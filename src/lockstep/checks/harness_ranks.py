@@ -1,8 +1,5 @@
-"""What each rank of a harness check (`lockstep check NAME CONFIG`) runs, and `run_ranks` to
-start them on this machine (`lockstep.launch.run_local`) and collect rank 0's result.
-
-One launch runs the several trainings of a check one after another in the same processes,
-so a check pays the process start (several seconds with DeepSpeed) once, not per training.
+"""What each rank of `lockstep check NAME CONFIG` runs, and `run_ranks` to start the ranks:
+one launch runs a check's trainings in turn, paying the process start once.
 """
 
 from __future__ import annotations
@@ -18,15 +15,12 @@ from lockstep.launch import run_local
 def run_ranks(fn, args: tuple, nproc: int, cfg, max_restarts: int = 0,
               timeout: float | None = None, forensics: Path | None = None,
               preload: list[str] = ()) -> Any:  # fmt: skip
-    """Run `fn(*args)` on `nproc` local ranks of the run `cfg`; rank 0's return value, or a
-    LockstepError. `timeout` (seconds) and `forensics` (the ranks' flight-recorder dumps'
-    folder): `lockstep.launch.run_local`'s; `preload`: more modules the ranks import first
-    (the checks they run)."""
+    """Rank 0's return value of `fn(*args)` on `nproc` local ranks of the run `cfg`, or a
+    LockstepError."""
     from lockstep.train.trainer import rank_modules
 
     device = cfg.resolved_device()
-    # Pinned before NCCL and cuBLAS start: NCCL's algorithm choice and cuBLAS's workspace
-    # are otherwise free to change the reduction order between runs (torchtitan pins both).
+    # NCCL's algorithm and cuBLAS's workspace otherwise change the reduction order between runs
     if device != "cpu" and cfg.deterministic:
         os.environ.setdefault("NCCL_ALGO", "Ring")
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -36,18 +30,12 @@ def run_ranks(fn, args: tuple, nproc: int, cfg, max_restarts: int = 0,
 
 
 def in_group(device: str, body, attempt: int | None = None):
-    """Run `body()` inside a process group this rank creates and destroys (DeepSpeed keeps
-    the group it first saw, so all trainings of a launch must share one).
-
-    Under torchrun the group's keys go under this attempt's own prefix in the agent's shared
-    store (`lockstep.train.group`), as `lockstep train` does; `attempt` is the caller's count
-    of restarts, kept for its own use.
-    """
+    """`body()` inside one process group for the whole launch (DeepSpeed keeps the first)."""
     import torch.distributed as dist
 
     from lockstep.train.trainer import join_process_group
 
-    del attempt  # the namespace is an epoch all ranks agree on in the store (train.group)
+    del attempt  # the store's prefix is an epoch the ranks agree on (train.group)
     owned = join_process_group(device)
     try:
         return body()
@@ -59,9 +47,8 @@ def in_group(device: str, body, attempt: int | None = None):
 
 
 def rank_calls(calls: list, config: dict, workdir: str, options: dict) -> list:
-    """One rank of `lockstep check NAME CONFIG`: `fn(cfg, workdir, **options)` for each of
-    `calls` (rank-side functions, `registry.Function`) in order, in one process group; the
-    results they return (a function that only prepares, returning None, adds none)."""
+    """One rank of `lockstep check NAME CONFIG`: each of `calls` in order; their non-None
+    results."""
     from lockstep.checks.harness import shared_runs
     from lockstep.train.config import from_dict
 
@@ -69,7 +56,7 @@ def rank_calls(calls: list, config: dict, workdir: str, options: dict) -> list:
     out = Path(workdir)
 
     def body():
-        with shared_runs():  # the checks of this launch train a config once
+        with shared_runs():
             found = [fn(cfg, out, **options) for fn in calls]
         return [result for result in found if result is not None]
 

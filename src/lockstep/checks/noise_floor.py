@@ -1,24 +1,5 @@
-"""How far fp32 reordering alone moves a computation (its noise floor), and a difference
-between two runs judged against it.
-
-Two runs that should agree (1 and 2 ranks, two engines, accumulation against one batch)
-differ in the order their sums are taken, so they differ by rounding, and rounding grows
-through training. How much it grows depends on the job, so no fixed tolerance fits every
-job: lockstep measures it. It runs the first run's configuration again with only the order
-of its reductions changed, by a perturbation every PyTorch program follows without any help
-from the script (`PERTURBATIONS` for a script: the width of ATen's vector kernels and the
-intra-op thread count, and on a GPU cuBLAS's workspace and cuBLASLt in place of cuBLAS;
-`reordered` in-process: another intra-op thread count, and the other BLAS library on a GPU),
-and takes the relative difference per step and metric as the floor.
-
-The rule (`judge`): each step's difference of each metric must be within `K` times the floor
-of that metric measured up to that step. Rounding shows in a logged metric only from the step
-it first reaches it, so the first step with a non-zero floor stands for the steps before it.
-K = 10: the runs compared and the perturbed run reorder different sums, and rounding from
-different sources grows alike through the same training but starts a few ulps apart; a real
-dependence (a norm on a local shard, a wrong normalisation) moves the numbers by orders of
-magnitude more. A metric that differs where its floor is zero over the whole run cannot be
-judged this way (NOT JUDGED, unless a float64 replay decides).
+"""The noise floor: how far reordering its fp32 sums alone moves a run, and a difference
+between two runs judged against it. Design: docs/design/checks.md.
 """
 
 from __future__ import annotations
@@ -27,13 +8,10 @@ import contextlib
 import math
 from dataclasses import asdict, dataclass
 
-K = 10.0
+K = 10.0  # the runs compared and the perturbed run start a few ulps apart
 METRICS = ("loss", "grad_norm")
 
-# A script's perturbed runs (ATen reads its vector width at its first kernel dispatch):
-# no SIMD at all, then 256-bit vectors on two threads. On a GPU neither moves a kernel: there
-# cuBLAS without workspace (no split-K) picks other GEMM kernels in the first, cuBLASLt in
-# place of cuBLAS in the second.
+# A script's perturbed runs; on a GPU the vector width moves no kernel, the cuBLAS settings do.
 PERTURBATIONS: tuple[dict[str, str], ...] = (
     {"ATEN_CPU_CAPABILITY": "default", "CUBLAS_WORKSPACE_CONFIG": ":0:0"},
     {"ATEN_CPU_CAPABILITY": "avx2", "OMP_NUM_THREADS": "2", "TORCH_BLAS_PREFER_CUBLASLT": "1"},
@@ -56,8 +34,7 @@ class Floor:
     how: str = PERTURBED
 
     def at(self, metric: str, step: int) -> float:
-        """The floor of `metric` up to `step` (the first non-zero step standing for the
-        steps before it); 0 when reordering never moved it."""
+        """The floor of `metric` up to `step`; 0 when reordering never moved it."""
         seen = self.steps.get(metric, {})
         nonzero = [s for s, f in sorted(seen.items()) if f > 0]
         if not nonzero:
@@ -73,8 +50,7 @@ class Floor:
 
 
 def measure(base: list[dict], perturbed: list[list[dict]], metrics=METRICS) -> Floor:
-    """The floor from `base` and its perturbed runs (lists of metric rows with a `step`).
-    Pure."""
+    """The floor from `base` and its perturbed runs (lists of metric rows). Pure."""
     steps: dict[str, dict[int, float]] = {m: {} for m in metrics}
     rows = {int(r["step"]): r for r in base}
     for other in perturbed:
@@ -89,8 +65,8 @@ def measure(base: list[dict], perturbed: list[list[dict]], metrics=METRICS) -> F
 
 @dataclass(frozen=True)
 class Judgement:
-    """`kind`: "noise" (every difference within K x the floor), "beyond" (a difference
-    above it: a failure) or "zero" (a metric differs where reordering never moved it)."""
+    """`kind`: "noise" (within K x the floor), "beyond" (a failure) or "zero" (a metric differs
+    where reordering never moved it: not judged)."""
 
     kind: str
     text: str
@@ -111,9 +87,8 @@ class Judgement:
 
 def judge(a: list[dict], b: list[dict], floor: Floor, rtol: float = 0.0, atol: float = 0.0,
           metrics=METRICS) -> Judgement:  # fmt: skip
-    """Every step and metric of `a` against `b`: a difference within rtol/atol or within K x
-    the floor up to that step is noise; the first beyond both fails; one where the floor is
-    zero cannot be judged. Reports the largest ratio to the floor when all pass. Pure."""
+    """`a` against `b`: the first difference beyond rtol/atol and K x the floor, else one it
+    cannot judge, else the largest ratio. Pure."""
     rows = {int(r["step"]): r for r in b}
     worst: Judgement | None = None
     unjudged: Judgement | None = None
@@ -157,16 +132,14 @@ def _worded(j: Judgement) -> Judgement:
 
 
 def other_thread_count() -> int:
-    """An intra-op thread count other than this process's: its reductions split otherwise."""
+    """An intra-op thread count other than this process's."""
     import torch
 
     return 2 if torch.get_num_threads() == 1 else 1
 
 
 def other_blas_library():
-    """On a GPU, the BLAS library this process does not prefer (cuBLAS or cuBLASLt): their
-    GEMM kernels split the same sums otherwise. None without CUDA, where the thread count
-    alone reorders."""
+    """On a GPU, the BLAS library (cuBLAS or cuBLASLt) this process does not prefer; else None."""
     import torch
 
     if not torch.cuda.is_available():
@@ -177,8 +150,7 @@ def other_blas_library():
 
 @contextlib.contextmanager
 def reordered():
-    """In-process perturbation (a check's own ranks): another intra-op thread count, and on a
-    GPU, where threads move no kernel, the other BLAS library."""
+    """In-process perturbation: another intra-op thread count, on a GPU the other BLAS library."""
     import torch
 
     old = torch.get_num_threads()

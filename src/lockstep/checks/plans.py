@@ -1,11 +1,10 @@
-"""How `lockstep check` runs what it is asked (`Request`): on a CONFIG, the launches of
-lockstep's reference job (`Launches`; the checks without a plan share one launch in `all`,
-a check with a `plan` in the registry makes its own); on a script, its runs. Each result is
-shown as it comes (`show`); `checks.command` calls `run` and prints.
+"""`lockstep check` from its command line (`Request`) to its exit code: launches of the
+reference job on a CONFIG (`Launches`), runs of a script with --script.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -15,7 +14,7 @@ from typing import ClassVar
 
 from lockstep import job_options
 from lockstep.checks import registry
-from lockstep.checks.result import CheckResult
+from lockstep.checks.result import CheckResult, exit_code
 from lockstep.errors import UsageError
 from lockstep.flags import flag
 from lockstep.inputs import positive_int
@@ -68,8 +67,8 @@ class Request(JobOptions):
 
 
 def default_tolerances(index: int) -> str:
-    """--rtol's (`index` 0) or --atol's (1) default for each check on a script, read from the
-    registry, so that the help cannot drift from what runs."""
+    """--rtol's (`index` 0) or --atol's (1) default per check, read from the registry so that
+    the help cannot drift from what runs."""
     by_value: dict[str, list[str]] = {}
     exact = []
     for name in registry.names(script=True):
@@ -85,11 +84,54 @@ def default_tolerances(index: int) -> str:
 @dataclass(frozen=True)
 class Outcome:
     results: list[CheckResult]
-    workdir: Path  # the runs and logs; removed when every check passed in a folder of ours
+    workdir: Path  # the runs and logs
 
     @property
     def passed(self) -> bool:
         return bool(self.results) and all(r.verdict == "pass" for r in self.results)
+
+
+def check(request: Request) -> int:
+    """`lockstep check`: run what `request` asks, then the step summary and the --json report."""
+    from lockstep.inputs import writable
+
+    json_path = request.json
+    writable(json_path, "--json")  # before the runs, not after them
+    outcome = run(request, show)
+    if not outcome.passed:
+        print(f"runs and logs: {outcome.workdir}")
+    from lockstep.checks.divergence import markdown
+    from lockstep.redact import scrub_text
+    from lockstep.summary_md import step_summary
+
+    if section := markdown(outcome.results):
+        step_summary(scrub_text(section))
+    if json_path:
+        from lockstep.redact import redact_mapping
+
+        report = [redact_mapping(r.to_dict()) for r in outcome.results]
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+    return exit_code(outcome.results)
+
+
+def show(result) -> None:
+    """One result, as it comes: its verdict, summary, likely cause and forensics."""
+    from rich.markup import escape
+
+    from lockstep.redact import scrub_text
+    from lockstep.terminal import console as make_console
+
+    console = make_console()
+    mark = {"pass": "[green]PASS[/green]", "fail": "[red]FAIL[/red]"}.get(
+        result.verdict, "[yellow]NOT JUDGED[/yellow]"
+    )
+    # the summary may hold paths and values with brackets: never markup
+    summary = escape(scrub_text(result.summary))
+    console.print(f"{mark} {escape(result.name)}: {summary}", markup=True)
+    if result.diagnosis and result.verdict == "fail":
+        console.print(f"     likely cause: {scrub_text(result.diagnosis)}", markup=False)
+    for line in (result.forensics or {}).get("lines", ()):
+        console.print(f"     {scrub_text(line)}", markup=False)
 
 
 def run(request: Request, show: Show) -> Outcome:
@@ -128,9 +170,8 @@ def parse_world_sizes(text: str) -> list[int]:
 
 
 class Launches:
-    """Launches of the reference job for the checks of one request: `ranks` runs rank-side
-    functions in order on N local ranks and shows their results. Checks across world sizes
-    keep the global batch of --nproc ranks (`fixed`)."""
+    """Launches of the reference job for one request: `ranks` runs rank-side functions on N
+    local ranks; checks across world sizes keep --nproc's global batch (`fixed`)."""
 
     def __init__(self, cfg, request: Request, sizes: list[int], workdir: Path, show: Show):
         from lockstep.checks.harness import check_config

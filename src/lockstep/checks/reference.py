@@ -1,9 +1,5 @@
-"""The unsharded single-process reference: the same model, data, global batch, optimizer,
-schedule and clipping as a run config, written out plainly with no engine in between.
-
-Clip and world-size checks hold every engine to it, the way PyTorch's FSDP clipping tests
-hold FSDP to a local replica. It runs in the calling process without touching any process
-group, so a rank of a multi-rank check can compute it beside the engine run.
+"""The unsharded single-process reference: a run config trained plainly, with no engine and
+no process group.
 """
 
 from __future__ import annotations
@@ -28,10 +24,8 @@ class ReferenceRun:
 def run_reference(
     cfg: RunConfig, world_size: int, steps: int | None = None, watch=None
 ) -> ReferenceRun:
-    """Train `steps` (default cfg.steps) steps on one process with cfg's global batch.
-
-    `watch(model, optimizer)`, when given (a failed check's replay, `divergence.Recorder`),
-    returns a recorder whose `end_step(step, clip_coef, params)` follows every step."""
+    """`steps` (default cfg.steps) steps on one process with cfg's global batch; `watch(model,
+    optimizer)` returns a recorder whose `end_step` follows every step."""
     device = torch.device("cuda") if cfg.resolved_device() == "cuda" else torch.device("cpu")
     micro, _, global_size = cfg.batch_shape(world_size)
     model = build_model(cfg.model, cfg.seed).to(device)

@@ -1,11 +1,6 @@
-"""The replicas check: data-parallel replicas agree at every step. Compared exactly, in the
-order a step computes them: loss, gradient norm, parameter digest, buffer digest
-(`REPLICA_QUANTITIES`; digests by `lockstep.track`). Parameters are compared after the step;
-buffers as the step's forward entered the model, where DDP promises them equal (its
-`broadcast_buffers` re-syncs them there: after the step, BatchNorm's running statistics differ
-per rank by design). On lockstep's reference job (`check_replicas`, the ranks gather theirs)
-and on a user's script (`check_script`: one run in which every rank logs its own line,
-`{rank}` in LOCKSTEP_METRICS)."""
+"""The replicas check: data-parallel replicas agree exactly after every step, on the reference
+job and on a script. Design: docs/design/checks.md.
+"""
 
 from __future__ import annotations
 
@@ -22,14 +17,12 @@ from lockstep.state_digest import EMPTY_DIGEST, EnteringBuffers, digests
 from lockstep.train.config import RunConfig
 from lockstep.train.trainer import Trainer
 
-# What the replicas check compares across ranks after each step, in the order a step
-# computes them: the first that differs says what departed.
+# in the order a step computes them: the first that differs says what departed
 REPLICA_QUANTITIES = ("loss", "grad_norm", "param_digest", "buffer_digest")
 
 
 def replica_departed(quantity: str, step: int, rank: int, buffer: str | None = None) -> str:
-    """Why `rank`'s `quantity` differs from rank 0's at `step` (replicas check); `buffer`: the
-    first buffer that differs, when the ranks logged each buffer's digest."""
+    """Why `rank`'s `quantity` differs from rank 0's at `step`; `buffer`: the first that does."""
     if quantity == "buffer_digest":
         where = ""
         if buffer:
@@ -66,9 +59,8 @@ def replica_departed(quantity: str, step: int, rank: int, buffer: str | None = N
 
 
 def _first_departure(trainer: Trainer, steps: int, ranks: int, logged: list[dict]):
-    """(step, quantity, rank, rank 0's value, its value, first differing buffer) of the first
-    replica to depart from rank 0's over `steps` steps, or None; rank 0's records are
-    appended to `logged`."""
+    """(step, quantity, rank, rank 0's value, its value, buffer) of the first replica to depart,
+    or None; rank 0's records go to `logged`."""
     entering = EnteringBuffers(trainer.engine.module)
     try:
         return _departure(trainer, steps, ranks, logged, entering)
@@ -100,16 +92,14 @@ def _departure(trainer, steps, ranks, logged, entering):
 
 
 def first_buffer(want: dict, got: dict) -> str | None:
-    """The first buffer whose digest differs between two ranks' lines (`buffers`)."""
+    """The first buffer whose digest differs between two ranks' lines."""
     a, b = want.get("buffers") or {}, got.get("buffers") or {}
     return next((name for name in a if a[name] != b.get(name)), None)
 
 
 def check_replicas(cfg: RunConfig, workdir: Path) -> CheckResult:
     """After every step each rank's loss, gradient norm and digests of the parameters and
-    buffers it holds (`lockstep.track.digests` of the engine's module: full replicas under
-    ddp and zero1/2; under fsdp and zero3 each rank's parameters are shards, left out, and
-    the buffers remain) agree exactly with rank 0's."""
+    buffers it holds (shards left out) equal rank 0's."""
     cfg = without_checkpoints(cfg)
     trainer = Trainer(cfg, workdir / "replicas")
     ranks = world_size()
@@ -146,9 +136,8 @@ def check_replicas(cfg: RunConfig, workdir: Path) -> CheckResult:
 
 
 def check_script(runner: ScriptRunner, asked: Runs) -> CheckResult:
-    """One run in which every rank logs its own line: data-parallel replicas must agree after
-    every step. A loss that differs per rank from step 1 while everything else agrees is taken
-    as each rank's local loss (noted, then left out)."""
+    """One run in which every rank logs its own line; a per-rank local loss is noted and left
+    out."""
     nproc, steps = asked.nproc, asked.steps
     if nproc < 2:
         raise UsageError("the replicas check compares ranks: run it with --nproc 2 or more")
@@ -202,7 +191,7 @@ def check_script(runner: ScriptRunner, asked: Runs) -> CheckResult:
 
 
 def _digested(records: list[dict]) -> str:
-    """What the digests covered: parameters, and buffers unless the model holds none."""
+    """What the digests covered."""
     buffers = any(r.get("buffer_digest") not in (None, EMPTY_DIGEST) for r in records)
     return "parameters and buffers" if buffers else "parameters (the model holds no buffers)"
 

@@ -10,8 +10,7 @@ from lockstep.checks.trajectory import DEFAULT_METRICS, Divergence
 
 @dataclass
 class CheckResult:
-    """`passed` and `judged` decide the exit code (`verdict`); the rest is what the report
-    shows. A result that could not decide (`judged` False) is never a pass: NOT JUDGED, exit 4."""
+    """`passed` and `judged` decide the verdict (not judged is never a pass); the rest is shown."""
 
     name: str
     passed: bool
@@ -21,14 +20,13 @@ class CheckResult:
     logs: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     rank: int | None = None  # replicas: the rank whose replica departed
-    # after a failure: where in the model the runs part (`divergence_replay.Findings`)
-    forensics: dict | None = None
-    judged: bool = True  # False: the check could not decide, and `summary` says why
-    problem: run_health.Problem | None = None  # a run unfit to pass (NaN, does not train)
+    forensics: dict | None = None  # `divergence_replay.Findings`
+    judged: bool = True  # False: `summary` says why not
+    problem: run_health.Problem | None = None  # NaN, does not train
 
     @property
     def verdict(self) -> str:
-        """`pass`, `fail` or `not_judged` (a failure outranks a missing judgement)."""
+        """`pass`, `fail` or `not_judged`."""
         if not self.passed and self.judged:
             return "fail"
         return "pass" if self.passed and self.judged else "not_judged"
@@ -52,8 +50,7 @@ class CheckResult:
 def unsound(
     name: str, runs: dict[str, list[dict]], metrics: tuple[str, ...] = DEFAULT_METRICS, **extra
 ) -> CheckResult | None:
-    """The failed result when one of `runs` ({label: records}) logged NaN or inf among
-    `metrics` or does not train (`run_health.problem`), else None; `extra`: logs, notes..."""
+    """The failed result when one of `runs` ({label: records}) is unfit (`run_health.problem`)."""
     for label, records in runs.items():
         found = run_health.problem(records, metrics)
         if found is not None:
@@ -73,7 +70,7 @@ def tolerance(rtol: float, atol: float) -> str:
 
 
 def exit_code(results: list[CheckResult]) -> int:
-    """1 if any check failed, else 4 if any could not judge, else 0 (docs/json.md)."""
+    """1 if any check failed, else 4 if any could not judge, else 0."""
     from lockstep.errors import EXIT_FAIL, EXIT_NOT_JUDGED, EXIT_OK
 
     verdicts = {r.verdict for r in results}

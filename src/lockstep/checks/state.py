@@ -1,8 +1,5 @@
-"""Training state at one step, captured from a live `Trainer`, and its comparison.
-
-A resume must restore five things; a snapshot holds each of them so that a failed resume
-check can say which one was lost: parameters, optimizer state, LR schedule, RNG streams
-(this rank's python, numpy and torch generators) and the data position.
+"""Training state at one step, captured from a live `Trainer`, and compared part by part, so
+that a failed resume check names the part lost.
 """
 
 from __future__ import annotations
@@ -24,7 +21,7 @@ def rows(steps) -> list[dict]:
 
 
 def _rng_digest() -> str:
-    """This rank's RNG streams, hashed (they differ per rank by design)."""
+    """This rank's python, numpy and torch RNG streams, hashed (they differ per rank)."""
     state = checkpoint.rng_state()
     blob = pickle.dumps(
         [state["python"], state["numpy"][1].tobytes(), state["torch"].numpy().tobytes()]
@@ -73,13 +70,8 @@ def differences(
     atol: float = 0.0,
     param_atol: float | None = None,
 ) -> dict[str, str]:
-    """Which parts of two snapshots differ, with a short description; same on every rank.
-
-    `param_atol` (default `atol`) loosens parameters only: after Adam steps they carry
-    rounding differences of near-zero gradients as fractions of the learning rate.
-    Parameters and optimizer state are full tensors on every rank; the RNG is compared on
-    each rank and reported with the ranks where it differs.
-    """
+    """Which parts of two snapshots differ, described; the same on every rank (the RNG with
+    the ranks where it differs). `param_atol` (default `atol`) loosens parameters only."""
     found: dict[str, str] = {}
     for part in ("parameters", "optimizer"):
         tol = atol if part == "optimizer" or param_atol is None else param_atol

@@ -1,8 +1,5 @@
-"""Per-step metric trajectories: read them, compare them, find the first divergence.
-
-A trajectory is the list of per-optimizer-step records a run wrote as JSONL (`step` plus
-metrics such as `loss`, `grad_norm`, `lr`). Comparison is exact by default (rtol = atol = 0:
-bitwise on CPU) and reports the first step where a metric differs, with both values.
+"""Per-step metric trajectories (`step` plus metrics, as a run logs them): read, compared,
+and their first divergence named.
 """
 
 from __future__ import annotations
@@ -15,8 +12,7 @@ from lockstep import run_health, track
 from lockstep.errors import UsageError
 
 DEFAULT_METRICS = ("loss", "grad_norm", "lr")
-# Wall-clock and resource fields of the protocol: they differ between runs by nature and are
-# never compared here (the regression gates judge them with their own noise model).
+# differ between runs by nature; the regression gates judge them with their own noise model
 VOLATILE = frozenset({"time", "tokens_per_s", "step_time_s", "mem_bytes", "mem_kind"})
 
 
@@ -56,9 +52,8 @@ def by_step(records: list[dict]) -> dict[int, dict]:
 
 
 def agrees(a, b, rtol: float = 0.0, atol: float = 0.0, skipped: bool = False) -> bool:
-    """Two logged values agree: numbers within the tolerance, other values (digests, text,
-    not logged) equal. NaN and inf, however written, never agree (`run_health`), except on a
-    step both runs' optimizers `skipped`: a non-finite gradient norm is expected there."""
+    """Numbers within the tolerance, other values equal; NaN and inf never, except on a step
+    both optimizers `skipped`."""
     x, y = run_health.number(a), run_health.number(b)
     if x is None or y is None:
         return a == b
@@ -75,11 +70,8 @@ def first_divergence(
     rtol: float = 0.0,
     atol: float = 0.0,
 ) -> Divergence | None:
-    """The first (step, metric) where `actual` differs from `expected`, or None.
-
-    Only metrics present in `expected` are compared, never the VOLATILE ones (`time`...).
-    A step present in one and missing in the other is a divergence too (metric `step`).
-    """
+    """The first (step, metric) where `actual` differs from `expected`, or None; a missing
+    step is one too (metric `step`)."""
     metrics = tuple(m for m in metrics if m not in VOLATILE)
     want, got = by_step(expected), by_step(actual)
     wanted_steps = sorted(want) if steps is None else [s for s in steps]

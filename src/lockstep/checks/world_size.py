@@ -1,9 +1,6 @@
-"""The world-size check: the same global batch trains alike on any number of ranks. On
-lockstep's reference job each launch compares its world size with the unsharded
-single-process reference (`check_world_size`; `plan`: one launch per size); on a user's
-script the world sizes' runs are compared with each other (`check_script`), and a
-difference is replayed in float64 to tell rounding noise from a real dependence
-(`float64_replay`)."""
+"""The world-size check: the same global batch trains alike on any number of ranks; a difference
+is judged by a float64 replay and the noise floor. Design: docs/design/checks.md.
+"""
 
 from __future__ import annotations
 
@@ -31,15 +28,13 @@ RANK_LOCAL = (
 
 
 def check_world_size(cfg: RunConfig, workdir: Path) -> CheckResult:
-    """This world size against the unsharded single-process reference on the same global
-    batch; `lockstep check world-size` also compares launches of different sizes. Dropout
-    and local-batch BatchNorm are switched off in both (`local_batch`); what cannot be
-    leaves a difference NOT JUDGED."""
+    """This world size against the unsharded reference, dropout and local-batch BatchNorm
+    switched off; what cannot be leaves a difference not judged."""
     n = world_size()
     with local_batch.watching(neutralise=True) as watch:
         ref = run_reference(cfg, n)
         out = workdir / f"world-size-{n}"
-        # a run this launch shared from another check ran without the watch
+        # a run shared from another check of this launch ran unwatched
         ranks = trajectory(cfg, out) if not watch.found else fresh_trajectory(cfg, out)
         result = agree(
             "world-size",
@@ -68,8 +63,7 @@ def check_world_size(cfg: RunConfig, workdir: Path) -> CheckResult:
 
 
 def plan(launches, check: registry.Check) -> list[CheckResult]:
-    """One launch per world size, on the same global batch (`plans.Launches`); one result for
-    all."""
+    """One launch per world size, on the same global batch; one result for all."""
     for n in launches.sizes:
         launches.fixed.check(n)
     found = [
@@ -82,14 +76,8 @@ def plan(launches, check: registry.Check) -> list[CheckResult]:
 
 
 def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float) -> CheckResult:
-    """The same global batch on each world size; the script must keep it constant. A
-    difference beyond rtol/atol is judged by a float64 replay where the script follows it,
-    else against the noise floor (`judge_difference`).
-
-    A model whose forwards call dropout or local-batch BatchNorm (`lockstep.local_batch`, the
-    runs' metrics lines say) depends on the world size by design: where the plain runs differ,
-    every run is made again with those switched off (LOCKSTEP_LOCAL_BATCH) and the rest is
-    judged as above; what cannot be switched off leaves the check NOT JUDGED."""
+    """The script on each world size, again without dropout and local-batch BatchNorm where
+    the runs differ."""
     runs = _runs(runner, asked)
     if isinstance(runs, CheckResult):
         return runs
@@ -133,7 +121,7 @@ class _Neutralised:
 
 
 def _runs(runner, asked: Runs) -> dict[int, list[dict]] | CheckResult:
-    """One run per world size, each logging every step, each sound (else the failure)."""
+    """One run per world size, each sound (else the failure)."""
     sizes, steps = asked.sizes, asked.steps
     runs = {n: runner.run(f"world-size-{n}", nproc=n, max_steps=steps) for n in sizes}
     require_steps(runs[sizes[0]], steps, f"world-size-{sizes[0]}")
@@ -182,12 +170,11 @@ def _agree(runs: dict[int, list[dict]], asked: Runs, rtol: float, atol: float) -
 
 def _compare(runner, runs: dict[int, list[dict]], asked: Runs, rtol: float, atol: float,
              found: dict[tuple[str, str], bool]) -> CheckResult:  # fmt: skip
-    """The world sizes' runs compared with the first, a difference judged by
-    `judge_difference`."""
+    """The world sizes' runs against the first (`judge_difference`)."""
     sizes, steps = asked.sizes, asked.steps
     base = sizes[0]
     logged = {f"world-size-{n}": runs[n] for n in sizes}
-    noise: list[dict] = []  # differences shown to be rounding
+    noise: list[dict] = []
     said = ""
     for n in sizes[1:]:
         div = first_divergence(
@@ -204,7 +191,7 @@ def _compare(runner, runs: dict[int, list[dict]], asked: Runs, rtol: float, atol
             continue
         judged = verdict == "fail"
         at = forensics.get("judged_step")
-        if judged and at and at != div.step:  # rounding where they first differ, a bug later
+        if judged and at and at != div.step:  # rounding at first, a bug at a later step
             div = (
                 first_divergence(
                     runs[base], runs[n], metrics=("loss", "grad_norm"), steps=range(at, at + 1)
@@ -244,9 +231,7 @@ def _compare(runner, runs: dict[int, list[dict]], asked: Runs, rtol: float, atol
 
 
 def _evidence(a: list[dict], b: list[dict], div: Divergence, found) -> dict:
-    """What the two runs' lines allow the cause to name: equal parameters after the first
-    differing step (then not the initial weights, nor the gradients), and whether a watch saw
-    every forward (then dropout is not the randomness: found and switched off, or absent)."""
+    """What the runs' lines rule out: the initial weights (equal parameters), dropout."""
     x, y = by_step(a).get(div.step, {}), by_step(b).get(div.step, {})
     equal = x.get("param_digest") is not None and x.get("param_digest") == y.get("param_digest")
     watched = all(local_batch.findings(r)[1] == 1 for r in (a, b))
@@ -255,8 +240,7 @@ def _evidence(a: list[dict], b: list[dict], div: Divergence, found) -> dict:
 
 
 def world_size_cause(div: Divergence, evidence: dict | None = None) -> str:
-    """The likely cause from what differs first (at step 1 no update has run yet), naming
-    only what `evidence` (`_evidence`) leaves possible."""
+    """The likely cause of `div`, naming only what `evidence` leaves possible."""
     evidence = evidence or {}
     if div.step == 1 and div.metric == "loss":
         weights = "" if evidence.get("params_equal") else "the initial weights (a per-rank " \
@@ -282,9 +266,7 @@ def world_size_cause(div: Divergence, evidence: dict | None = None) -> str:
 def judge_difference(runner: ScriptRunner, div: Divergence, sizes: tuple[int, int], runs: dict,
                      steps: int, rtol: float, atol: float) -> tuple[str, str, dict]:  # fmt: skip
     """pass, fail or not_judged for two world sizes that differ, why, and the forensics: the
-    float64 replay decides where the script follows LOCKSTEP_DTYPE (the stronger test), else
-    the noise floor (`noise_floor.judge`); a replay or floor run that cannot run says why and
-    leaves the verdict to the other."""
+    float64 replay decides where the script follows it, else the noise floor."""
     base, n = sizes
     every_step = False
     try:
@@ -313,8 +295,7 @@ def judge_difference(runner: ScriptRunner, div: Divergence, sizes: tuple[int, in
     }
     later = floored is not None and floored.kind == "beyond" and (floored.step or 0) > div.step
     if replay.kind == "noise" and not (later and not every_step):
-        # (a replay that gave the fp32 values back judged the first differing step only:
-        # the floor's finding at a later step stands over it)
+        # a replay kept in float32 judged one step: the floor's later failure stands
         return "pass", "float64 replay", forensics
     if replay.kind in ("factor", "dependence"):
         forensics["judged_step"] = replay.step
@@ -328,9 +309,8 @@ def judge_difference(runner: ScriptRunner, div: Divergence, sizes: tuple[int, in
 
 def script_floor(runner: ScriptRunner, nproc: int, steps: int, runs: tuple[list, list],
                  rtol: float, atol: float):  # fmt: skip
-    """The script's noise floor on `nproc` ranks and `runs` judged against it: one run per
-    `noise_floor.PERTURBATIONS`, the second only while the first leaves a differing metric
-    unmoved (floor zero). (None, None, why) when a perturbed run could not run."""
+    """The script's noise floor on `nproc` ranks and `runs` judged against it; (None, None,
+    why) when a perturbed run could not run."""
     perturbed, floor, judged = [], None, None
     for i, env in enumerate(nf.PERTURBATIONS, 1):
         name = f"world-size-{nproc}-reordered-{i}"
@@ -352,14 +332,8 @@ def script_floor(runner: ScriptRunner, nproc: int, steps: int, runs: tuple[list,
 
 
 def float64_replay(runner: ScriptRunner, div: Divergence, base: int, n: int, fp32, steps: int):
-    """Both world sizes again with LOCKSTEP_DTYPE=float64, judged at every step that differs
-    (`_every_step`): rounding noise shrinks by orders of magnitude, a real dependence does not; loss and gradient norm
-    off by one common ratio are named as a normalisation (`_common_ratio`).
-
-    A metric the script keeps in float32 whatever the replay (the HF Trainer's logged loss)
-    comes back unchanged: it is judged by the other metric's replay when it differs by no more
-    than a few float32 ulps (`_kept_in_float32`, at the first differing step only); otherwise
-    the verdict is unavailable. The verdict, and whether it judged every step."""
+    """Both world sizes again with LOCKSTEP_DTYPE=float64: the verdict, and whether it judged
+    every step (not when the script kept the metric in float32)."""
     if div.metric not in ("loss", "grad_norm") or not isinstance(div.expected, float):
         return dv.Verdict("unavailable", f"no float64 replay for {div.metric}"), False
     runs = {
@@ -373,9 +347,7 @@ def float64_replay(runner: ScriptRunner, div: Divergence, base: int, n: int, fp3
 
 
 def _every_step(runs: dict, base: int, n: int, fp32, first: int) -> dv.Verdict:
-    """The replay judged at every step from `first` where the fp32 runs differ: rounding noise
-    only when it shrinks at each of them (a noise verdict at the first differing step alone
-    would pass a real dependence that shows a step later); the first step that does not
+    """The replay at every step from `first` where the fp32 runs differ: the first that does not
     shrink, else the largest fp32 difference."""
     rows32 = [by_step(r) for r in fp32]
     worst = None
@@ -396,7 +368,7 @@ def _every_step(runs: dict, base: int, n: int, fp32, first: int) -> dv.Verdict:
 
 
 def _kept_in_float32(div: Divergence, a: dict, b: dict, fp32) -> dv.Verdict:
-    """The verdict when the replay gave the fp32 values of the diverging metric back."""
+    """The verdict when the replay gave the diverging metric's fp32 values back."""
     other = "grad_norm" if div.metric == "loss" else "loss"
     was = [by_step(r).get(div.step, {}).get(other) for r in fp32 or ({}, {})]
     now = (a.get(other), b.get(other))
@@ -420,8 +392,7 @@ def _kept_in_float32(div: Divergence, a: dict, b: dict, fp32) -> dv.Verdict:
 
 
 def _common_ratio(verdict: dv.Verdict, a: dict, b: dict, base: int, n: int) -> dv.Verdict:
-    """A dependence where loss and gradient norm on `n` ranks are one common factor times
-    those on `base` is named as a normalisation bug."""
+    """A dependence with one common ratio of loss and gradient norm: a normalisation bug."""
     if verdict.kind == "dependence" and all(
         isinstance(x.get(k), float) and x.get(k) for x in (a, b) for k in ("loss", "grad_norm")
     ):
