@@ -1,12 +1,5 @@
-"""Nothing outlives a launch: each one's torchelastic folder (its ranks' error.json) and the
-error files torch.multiprocessing makes for forked ranks live in a temporary folder removed
-after it; torchelastic's signal handlers are restored after it (a
-SIGINT during it ends in KeyboardInterrupt, exit 130, not its SignalException); a rank started
-as a new process, and another launcher's whole process group, die with this process even when
-it is SIGKILLed (`PR_SET_PDEATHSIG`); a forked rank watches it (`die_with`).
-
-Also what a signal that stops a command becomes (`stopped_by`), and the context managers that
-make one raise it (`signals_raise`) or hold it until a cleanup is done (`signals_deferred`).
+"""Nothing outlives a launch: folders, signal handlers, processes (even when this one is
+SIGKILLed); and what a signal that stops a command becomes. Design: docs/design/launch.md
 """
 
 from __future__ import annotations
@@ -22,13 +15,12 @@ import threading
 
 from lockstep.compat import ELASTIC_SIGNALS_ENV, quick_rendezvous_event_names
 
-# The signals torchelastic's launch turns into its SignalException (LaunchConfig's default).
+# the signals torchelastic's launch turns into its SignalException
 LAUNCH_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
 
 
 def stopped_by(signum: int) -> BaseException:
-    """What a signal that stops a command becomes: KeyboardInterrupt for SIGINT (the CLI's
-    exit 130), otherwise a one-line error with the shell's exit code for it, 128 + signum."""
+    """KeyboardInterrupt for SIGINT (exit 130), else a one-line error exiting 128 + signum."""
     if signum == signal.SIGINT:
         return KeyboardInterrupt()
     from lockstep.errors import LockstepError
@@ -38,9 +30,7 @@ def stopped_by(signum: int) -> BaseException:
 
 @contextlib.contextmanager
 def signals_raise(*names: str):
-    """While inside (main thread only): `names` (default SIGTERM, SIGHUP) raise `stopped_by`
-    in the main thread, so `finally` blocks run instead of the process just ending; the
-    previous handlers are restored after."""
+    """While inside (main thread only): `names` raise `stopped_by`, so `finally` blocks run."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -59,8 +49,7 @@ def signals_raise(*names: str):
 
 @contextlib.contextmanager
 def signals_deferred(*names: str):
-    """While inside (main thread only): `names` (default SIGINT, SIGTERM, SIGHUP) are held,
-    so a cleanup runs to its end; the first one that came is raised after (`stopped_by`)."""
+    """While inside (main thread only): `names` are held; the first is raised after."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -78,18 +67,11 @@ def signals_deferred(*names: str):
 
 @contextlib.contextmanager
 def launch_scope():
-    """Around one torchelastic launch: yields the LogsSpecs for its LaunchConfig, whose folder
-    (torchelastic's `torchelastic_*` under /tmp otherwise, never removed, with each failed
-    rank's raw traceback in error.json) is a temporary one removed after. So are the error
-    files torch.multiprocessing's `start_processes` makes for function ranks
-    (`pytorch-errorfile-*.pickle`, delete=False, a failed rank's traceback in it): during a
-    launch from the main thread, as lockstep's are, that folder is the process's temporary
-    folder (`tempfile.tempdir`; process-wide, so never from another thread). The signal
-    handlers torchelastic installs (`PContext.start`) and its TORCHELASTIC_SIGNALS_TO_HANDLE
-    are put back as they were, and its SignalException becomes `stopped_by` the signal."""
+    """Around one torchelastic launch: yields its LogsSpecs, a folder (and `tempfile.tempdir`)
+    removed after; torchelastic's signal handling put back."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
 
-    quick_rendezvous_event_names()  # torchelastic's own names each event with inspect.stack()
+    quick_rendezvous_event_names()  # torchelastic's own walks the stack for every event
     saved = {}
     main = threading.current_thread() is threading.main_thread()
     if main:
@@ -104,7 +86,7 @@ def launch_scope():
     except SignalException as exc:
         raise stopped_by(exc.sigval) from None
     finally:
-        if main:  # another thread's launch never puts back a value it did not set
+        if main:  # tempdir is process-wide: put back only what this launch set
             tempfile.tempdir = saved_tempdir
         for sig, old in saved.items():
             signal.signal(sig, old if old is not None else signal.SIG_DFL)
@@ -116,8 +98,7 @@ def launch_scope():
 
 
 def pdeathsig(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
-    """This process gets `sig` when its parent (the thread that started it) ends, SIGKILL
-    included (Linux's PR_SET_PDEATHSIG); if `parent` is already gone, it ends now."""
+    """This process gets `sig` when its parent ends (Linux); if `parent` is gone, it ends now."""
     if sys.platform != "linux":
         return
     import ctypes
@@ -127,8 +108,7 @@ def pdeathsig(sig: int = signal.SIGKILL, parent: int | None = None) -> None:
         os._exit(128 + int(sig))
 
 
-# `python -c` run as a rank's program: PR_SET_PDEATHSIG (kept across exec), then exec the real
-# program. stdlib only, `-I -S`: about 10 ms.
+# a rank's program: PR_SET_PDEATHSIG (kept across exec), then exec the real one
 EXEC_DYING_WITH_PARENT = """\
 import ctypes, os, signal, sys
 ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
@@ -141,11 +121,8 @@ except OSError as err:
     os._exit(127)
 """
 
-# `python -c` run as another launcher's session leader: the launcher as its child, in the same
-# process group; when this process's parent ends (lockstep, SIGKILL included) it gets SIGTERM
-# (PR_SET_PDEATHSIG) and ends the whole group: SIGTERM (the deepspeed launcher ends its ranks
-# on it), then, once the launcher has exited (10 s at most), SIGKILL for what is left of the
-# group. Its exit code is the launcher's.
+# another launcher's session leader: when lockstep ends, SIGTERM to the group (the deepspeed
+# launcher ends its ranks on it), up to 10 s for the launcher, then SIGKILL to what is left
 KEEP_SESSION = """\
 import ctypes, os, signal, subprocess, sys
 class Stop(Exception):
@@ -174,7 +151,7 @@ sys.exit(code if code >= 0 else 128 - code)
 
 
 def dying_with_parent(program: str, args: list) -> tuple[str, list]:
-    """`program args` as a rank's program that dies with this process (`EXEC_DYING_WITH_PARENT`)."""
+    """`program args` as a rank's program that dies with this process."""
     if sys.platform != "linux":
         return program, args
     return sys.executable, ["-I", "-S", "-c", EXEC_DYING_WITH_PARENT, str(os.getpid()),
@@ -182,23 +159,20 @@ def dying_with_parent(program: str, args: list) -> tuple[str, list]:
 
 
 def keeping_session(command: list[str]) -> list[str]:
-    """`command` run under a session keeper (`KEEP_SESSION`): its whole process group ends with
-    this process, SIGKILL included."""
+    """`command` under a session keeper: its whole process group ends with this process."""
     if sys.platform != "linux":
         return command
     return [sys.executable, "-I", "-S", "-c", KEEP_SESSION, str(os.getpid()), *command]
 
 
 def spawned_rank(parent: int, fn, *args):
-    """A spawned rank's entry point: die with the launching process, then `fn(*args)`."""
+    """A spawned rank's entry point, dying with the launching process."""
     pdeathsig(signal.SIGKILL, parent)
     return fn(*args)
 
 
 def die_with(pid: int, interval: float = 0.5) -> None:
-    """End this process (SIGKILL) once process `pid` is gone: a rank forked from the
-    forkserver outlives the process that asked for it otherwise (its parent is the forkserver,
-    which in turn lives as long as any process it forked)."""
+    """SIGKILL this process once `pid` is gone: a forked rank's parent is the forkserver."""
     import time
 
     def watch() -> None:
@@ -215,8 +189,7 @@ def die_with(pid: int, interval: float = 0.5) -> None:
 
 
 def killer():
-    """A function that SIGKILLs every process this one started from now on (the ranks and
-    whatever they start), leaving alone the ones it had already (a forkserver)."""
+    """A function that SIGKILLs every process this one starts from now on."""
     import psutil
 
     me = psutil.Process()
@@ -232,8 +205,7 @@ def killer():
 
 
 def end_group(proc: subprocess.Popen, grace: float) -> None:
-    """End `proc`'s process group: SIGTERM, up to `grace` seconds for `proc` to exit, then
-    SIGKILL for all that is left of the group."""
+    """End `proc`'s process group: SIGTERM, `grace` seconds for `proc`, then SIGKILL."""
     for sig in (signal.SIGTERM, signal.SIGKILL) if grace else (signal.SIGKILL,):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
@@ -242,8 +214,7 @@ def end_group(proc: subprocess.Popen, grace: float) -> None:
 
 
 def owned_tempdir(prefix: str, suffix: str = "") -> str:
-    """A new temporary folder named after this process (`prefix` PID `-` ...), so that a later
-    run finds it orphaned when this process dies unable to remove it (SIGKILL)."""
+    """A new temporary folder named with this process's pid, for `orphaned_tempdirs`."""
     return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-{suffix}")
 
 

@@ -1,9 +1,5 @@
 """Slurm host lists: `gpu[01-03,07],cpu1` <-> ["gpu01", "gpu02", "gpu03", "gpu07", "cpu1"].
-
-`expand` reads what Slurm writes (SLURM_JOB_NODELIST, SLURM_STEP_NODELIST), zero padding and
-several bracket groups (`r[1-2]n[1-2]`) included; `compress` writes the short form Slurm takes
-back (`sbatch --exclude=`, `scontrol requeue`), e.g. for the nodes a preflight named. Anything
-else raises `HostlistError` (a UsageError: one line, exit 2).
+`expand` reads what Slurm writes; `compress` writes the short form Slurm takes back.
 """
 
 from __future__ import annotations

@@ -1,15 +1,5 @@
-"""Which run is going and at which step, on stderr, while a launch runs (`watching`).
-
-A launch's ranks write their metrics as JSON lines, one per optimizer step; a thread reads the
-file as it grows (or, for a folder of several runs, the newest metrics file under it) and
-shows the last step logged: a progress bar on a terminal, else a plain line such as
-`lockstep: world-size-2: step 3/8` at most every THROTTLE_S seconds and at the end. A run
-still without a step after WAIT_S, or half its first-step deadline when sooner, says so
-(`lockstep: world-size-2: waiting for the first step (30 s of 600 s)`), again every WAIT_S:
-a job's set-up may take minutes, and a run that starts in seconds shows no such line. Nothing
-goes to stdout, which carries the verdicts, nor into any report or run log: an in-process
-launch points this process's stderr at the run's log, so the lines go to a copy of the
-stderr the command started with.
+"""Which run is going and at which step, on stderr, while a launch runs (`watching`), read
+from the metrics file the ranks write. Design: docs/design/launch.md
 """
 
 from __future__ import annotations
@@ -27,18 +17,15 @@ from lockstep import terminal
 POLL_S = 0.2
 THROTTLE_S = 2.0
 WAIT_S = 30.0  # piped: how often a run that has logged no step yet says it is waiting
-# a plain progress line, as `_Lines` prints it (a caller that wants the other lines of stderr)
+# a plain progress line, for a caller that wants stderr's other lines
 LINE = re.compile(r"^lockstep: .+: (step \d+(/\d+)?|waiting for the first step \(.*\))$")
 _STEP = re.compile(rb'"step":\s*(\d+)')
-# Folders a run writes that hold no metrics file and may hold thousands of files (a sharded or a
-# universal checkpoint, wandb's, flight recorder dumps): never walked, five times a second.
-# Hidden ones too: a checkpoint being written or converted, that vanishes mid-walk.
+# never walked: no metrics, maybe thousands of files; hidden ones may vanish mid-walk
 NOT_WALKED = frozenset({"checkpoints", "wandb", "flight-recorder"})
 
 
 class StepReader:
-    """The last step logged in a metrics file (`path`), or in the newest `metrics*.jsonl`
-    under a folder written since `since`, read incrementally."""
+    """The last step logged in a metrics file, or in a folder's newest since `since`."""
 
     def __init__(self, path: Path, since: float):
         self.path, self.since = path, since
@@ -50,7 +37,7 @@ class StepReader:
         if not self.path.is_dir():
             return self.path if self.path.is_file() else None
         newest, when = None, self.since
-        for folder, folders, files in os.walk(self.path):  # a folder gone mid-walk is skipped
+        for folder, folders, files in os.walk(self.path):
             folders[:] = [f for f in folders if f not in NOT_WALKED and not f.startswith(".")]
             for name in files:
                 if not (name.startswith("metrics") and name.endswith(".jsonl")):
@@ -97,8 +84,7 @@ def _waiting(waited: float, deadline: float | None) -> str:
 
 
 class _Lines:
-    """Piped: one plain line per new step, at most every THROTTLE_S seconds, and the last;
-    before the first, a line after WAIT_S (or half the deadline) and every WAIT_S after."""
+    """Piped: a plain line per step, throttled; before the first, a waiting line now and then."""
 
     def __init__(self, name: str, total: int | None, stream, deadline: float | None = None):
         self.name, self.total, self.stream, self.deadline = name, total, stream, deadline
@@ -126,7 +112,7 @@ class _Lines:
 
 
 class _Bar:
-    """On a terminal: a transient progress bar on stderr."""
+    """On a terminal: a transient progress bar."""
 
     def __init__(self, name: str, total: int | None, stream, deadline: float | None = None):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
@@ -157,10 +143,8 @@ class _Bar:
 def watching(
     name: str, metrics: Path | None, total: int | None = None, deadline: float | None = None
 ):
-    """Show run `name`'s progress on stderr while the block runs: the steps logged to
-    `metrics` (a file, or a folder whose newest metrics file is the run going) of `total`, or
-    how long it has waited for the first (of `deadline` seconds, when the launch has one);
-    nothing without a `metrics` path."""
+    """Show run `name`'s steps logged to `metrics` (a file or a folder of runs) of `total`, or
+    its wait for the first, on stderr while the block runs."""
     if metrics is None:
         yield
         return
@@ -174,8 +158,7 @@ def watching(
 
 @contextmanager
 def _own_stderr():
-    """A stream on a copy of stderr's file descriptor, taken now: it stays the command's
-    stderr while a launch points descriptor 2 at a run's log."""
+    """A copy of stderr, taken now: a launch points descriptor 2 at a run's log."""
     sys.stderr.flush()
     try:
         fd = os.dup(sys.stderr.fileno())
@@ -191,7 +174,7 @@ def _following(reader: StepReader, shown, name: str):
     stop, start = threading.Event(), time.monotonic()
 
     def follow() -> None:
-        stepped = False  # a later run of a folder starts at no step: not "waiting" again
+        stepped = False  # a folder's later run starts at no step: not "waiting" again
         while not stop.wait(POLL_S):
             step = reader.read()
             stepped = stepped or step is not None

@@ -1,13 +1,5 @@
-"""One run of a user's script under the protocol (`lockstep.track`), in a folder of its own:
-the one way `lockstep check --script` (`checks/script_runs.py`, several runs a check) and
-`lockstep gate` (`gate/job.py`, one run a repeat) run a script once and read it back.
-
-`run_under_protocol` clears the folder's metrics (and, unless the run resumes, its checkpoint
-folder), sets the protocol's variables (metrics, max steps, checkpoint folder, resume),
-launches once (`script.Script`: the launch's output in
-`FOLDER/run.log`) and returns a `ProtocolRun`: where each rank's metrics are, and the triage
-of a nonzero exit (`crash`: the tolerated gloo abort at exit, or the one-line cause). What a
-failure means (bad input for a check, a failed job for a gate) is the caller's to say.
+"""One run of a user's script under the protocol, in a folder of its own, read back: the one
+way `check --script` and `gate` run a script. Design: docs/design/launch.md
 """
 
 from __future__ import annotations
@@ -22,14 +14,13 @@ from lockstep.launch.progress import StepReader
 from lockstep.launch.script import Exit, Script
 
 METRICS = "metrics.jsonl"
-METRICS_PER_RANK = "metrics-{rank}.jsonl"  # every rank writes its own (`track.RANK_PLACEHOLDER`)
+METRICS_PER_RANK = "metrics-{rank}.jsonl"  # `track.RANK_PLACEHOLDER`
 LOG = "run.log"
 
 
 @dataclass(frozen=True)
 class Crash:
-    """A nonzero exit, triaged: `note` when it is only the known gloo abort at interpreter
-    exit after a complete run (counted as finished), else `cause`, one line."""
+    """A nonzero exit: `note` for the tolerated gloo abort, else `cause`."""
 
     note: str | None = None
     cause: str | None = None
@@ -37,7 +28,7 @@ class Crash:
 
 @dataclass(frozen=True)
 class ProtocolRun:
-    """A finished run: the protocol it ran under and its launch's `Exit`."""
+    """A finished run: its protocol and its launch's `Exit`."""
 
     protocol: track.Protocol
     exit: Exit
@@ -48,13 +39,12 @@ class ProtocolRun:
 
     @property
     def timed_out(self) -> bool:
-        """Killed at the timeout or at the first-step deadline (`Exit.first_step_missed`;
-        `Exit.hang_report` says where its ranks were)."""
+        """Killed at the timeout or the first-step deadline."""
         return self.exit.code is None
 
     @property
     def logged_no_step(self) -> bool:
-        """Rank 0's metrics file is missing or holds no whole line with a step."""
+        """Rank 0's metrics file holds no whole line with a step."""
         return StepReader(self.metrics_of(0), 0.0).read() is None
 
     @property
@@ -62,15 +52,13 @@ class ProtocolRun:
         return self.exit.log
 
     def metrics_of(self, rank: int = 0) -> Path:
-        """The metrics file rank `rank` writes (rank 0's, unless every rank writes one)."""
+        """The metrics file rank `rank` writes."""
         return self.protocol.metrics_of(rank)
 
     def crash(
         self, logged: Iterable[int], *, first: int | None = None, checkpoint: Path | None = None
     ) -> Crash | None:
-        """None after a clean exit; else the triage of `Exit.tolerated` and `Exit.cause`
-        given the steps rank 0 logged (from `first`; with `checkpoint`, a complete run also
-        left a checkpoint there)."""
+        """None after a clean exit, else its triage given the steps rank 0 logged."""
         if self.code == 0:
             return None
         logged = list(logged)
@@ -94,11 +82,8 @@ def run_under_protocol(
     cwd: Path | None = None,
     watch=None,
 ) -> ProtocolRun:
-    """Launch `script` once on `nproc` ranks with its metrics, log and (by default)
-    checkpoints in `folder`; `per_rank`: every rank writes its metrics. `env` (default: this
-    process's), `cwd` and `watch` (a process monitor): `Script.launch`'s. A run that does not
-    `resume` starts with `checkpoint_dir` removed: one an earlier run left there (a reused
-    folder) would be resumed by a script that resumes whenever it finds one."""
+    """Launch `script` once on `nproc` ranks, metrics, log and (by default) checkpoints in
+    `folder`; `checkpoint_dir` removed first unless it resumes."""
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("metrics*.jsonl"):
         old.unlink()

@@ -1,7 +1,5 @@
-"""The launch functions (`lockstep.launch`'s docstring says which runs what): each starts its
-ranks through torchrun's launcher API in this process, as `torchrun --standalone` does, and
-leaves nothing behind (`cleanup`). `run_local` forks CPU ranks from the forkserver
-(`forkserver`) and spawns GPU ranks.
+"""The launch functions: ranks started through torchrun's launcher API in this process, as
+`torchrun --standalone` does. Design: docs/design/launch.md
 """
 
 from __future__ import annotations
@@ -26,19 +24,15 @@ from lockstep.launch.cleanup import (
 )
 from lockstep.launch.forkserver import Launcher, in_environ, run_script, start_forkserver
 
-# `python -P -m lockstep`: lockstep's own commands never put their working folder first on
-# sys.path, so a `lockstep/` planted in a shared or world-writable folder is never what runs
-# (issue #37). Users' scripts keep Python's usual path: they import their sibling files.
+# `-P`: a `lockstep/` planted in a shared working folder is never what runs (users' scripts keep
+# Python's usual path: they import their sibling files)
 OWN_MODULE = ("-P", "-m", "lockstep")
 
 
 def rank_environment(
     device: str | None, nproc: int | None = None, env: MutableMapping[str, str] | None = None
 ) -> None:
-    """Set in `env` (default os.environ) what ranks need before torch and DeepSpeed start:
-    DeepSpeed's CPU accelerator when `device` is "cpu" (its probe would pick CUDA on a GPU
-    machine), and with `nproc` ranks on this machine an even share of its cores each
-    (OMP_NUM_THREADS, unless set)."""
+    """Set in `env` (default os.environ) what ranks need before torch and DeepSpeed start."""
     env = os.environ if env is None else env
     if device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
@@ -54,9 +48,7 @@ def free_port() -> int:
 
 
 def standalone_config(nproc: int, name: str, **overrides):
-    """A LaunchConfig for `nproc` local ranks; `overrides` set any other LaunchConfig field.
-    Without `logs_specs` torchelastic makes a `torchelastic_*` folder it never removes: pass
-    the one `cleanup.launch_scope()` yields."""
+    """A LaunchConfig for `nproc` local ranks (`logs_specs`: `cleanup.launch_scope()`'s)."""
     from torch.distributed.launcher.api import LaunchConfig
 
     fields = {
@@ -74,9 +66,8 @@ def standalone_config(nproc: int, name: str, **overrides):
 
 
 def _expiry(forensics: Path | None, nproc: int):
-    """A launch's timeout: `expire()` (a timer's target) marks the launch expired, asks every
-    live rank for its flight-recorder dump when `forensics` is a folder, then kills until the
-    launch sets `ended` (a rank a busy forkserver forks only now dies too)."""
+    """A launch's timeout: `expire()` asks for dumps, then kills until `ended` (a busy
+    forkserver may fork a rank late)."""
     import threading
 
     expired, kill, ended = [], killer(), threading.Event()
@@ -86,7 +77,7 @@ def _expiry(forensics: Path | None, nproc: int):
         if forensics is not None:
             from lockstep.forensics import collect
 
-            collect.request(forensics, nproc)  # every live rank dumps, then dies
+            collect.request(forensics, nproc)
         while not ended.is_set():
             kill()
             ended.wait(0.2)
@@ -97,19 +88,8 @@ def _expiry(forensics: Path | None, nproc: int):
 def run_local(fn, args: tuple, nproc: int, name: str, device: str, preload=(), *,
               timeout: float | None = None, forensics: Path | None = None,
               **overrides):  # fmt: skip
-    """Run `fn(*args)` on `nproc` local ranks for `device`; rank 0's return value.
-
-    On CPU the ranks fork from a forkserver that imported `preload` (module names) once; on
-    GPUs they are spawned. A rank may return a LockstepError instead of raising it: the first
-    such one, in rank order, is raised here. A rank that fails (an exception, a signal) ends in
-    one LockstepError naming it; its traceback was already printed by torchelastic's error
-    handler.
-
-    `forensics` (a folder, emptied first): the ranks record into torch's flight recorder and
-    dump it there on a crash, at their end and, past `timeout` seconds, before every rank is
-    killed (RankTimeout); the error then says who is out of step in which collective
-    (`lockstep.forensics.hang.summary`).
-    """
+    """Run `fn(*args)` on `nproc` local ranks for `device`; rank 0's return value (a returned
+    LockstepError is raised). `preload`: the CPU forkserver's; `forensics`: a dump folder."""
     import threading
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -177,8 +157,7 @@ def run_local(fn, args: tuple, nproc: int, name: str, device: str, preload=(), *
 
 @contextlib.contextmanager
 def _environ(env: dict):
-    """While inside: this process's environment is `env` (spawned ranks inherit it), the
-    one before restored after."""
+    """While inside: this process's environment is `env`, for spawned ranks to inherit."""
     saved = dict(os.environ)
     if env == saved:
         yield
@@ -193,19 +172,14 @@ def _environ(env: dict):
 
 
 def run_local_cli(nproc: int, argv: list[str], forensics: Path | None = None) -> int:
-    """Run `python -m lockstep *argv` on `nproc` local ranks; the exit code they agree on
-    (rank 0 decides it), or EXIT_TIMEOUT when a rank was killed by a signal (a missing rank).
-
-    `forensics` (a folder, emptied first): the ranks record into torch's flight recorder; a
-    rank whose collective times out asks every rank for its dump there
-    (`lockstep.forensics.recorder.timed_out`), and on EXIT_TIMEOUT one more line on stderr
-    says who is out of step in which collective (`lockstep.forensics.hang.summary`)."""
+    """Run `python -m lockstep *argv` on `nproc` local ranks; the exit code they agree on, or
+    EXIT_TIMEOUT when a rank was killed."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
     from lockstep.errors import EXIT_FAIL, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE
 
-    # The agent's own INFO/WARNING lines (and its failure dump) repeat what rank 0 prints.
+    # the agent's lines repeat rank 0's
     agent = logging.getLogger("torch.distributed.elastic")
     level = agent.level
     agent.setLevel(logging.CRITICAL)
@@ -224,7 +198,7 @@ def run_local_cli(nproc: int, argv: list[str], forensics: Path | None = None) ->
         codes = {f.exitcode for f in err.failures.values()}
         code = max(codes) if codes <= {EXIT_FAIL, EXIT_USAGE, EXIT_TIMEOUT} else EXIT_TIMEOUT
     finally:
-        agent.setLevel(level)  # a later launch in this process reports its ranks' failures
+        agent.setLevel(level)  # a later launch reports its ranks' failures
         if forensics is not None and forensics.is_dir():
             collect.scrub(forensics)
     if code == EXIT_TIMEOUT and forensics is not None:
@@ -244,10 +218,7 @@ def multinode_config(
     join_timeout: float,
     **overrides,
 ):
-    """A LaunchConfig for one node of `nnodes`, as `torchrun --nnodes N --nproc-per-node n
-    --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id RUN_ID` builds it. `is_host`: this
-    node serves the rendezvous store (torchrun guesses it by resolving its own hostname; node 0
-    of a check-in knows it). `join_timeout` replaces torchrun's 600 s."""
+    """A LaunchConfig for one node of `nnodes`; `is_host`: this node serves the store."""
     fields = {
         "min_nodes": nnodes,
         "max_nodes": nnodes,
@@ -273,9 +244,7 @@ def run_multinode_cli(
     join_timeout: float,
     argv: list[str],
 ) -> int:
-    """`run_local_cli` for one node of a multi-node job: `python -m lockstep *argv` on this
-    node's ranks after torchrun's c10d rendezvous at `endpoint`; the exit code the ranks agree
-    on, EXIT_TIMEOUT when the rendezvous failed or a rank was killed."""
+    """`run_local_cli` for one node of a multi-node job, after a rendezvous at `endpoint`."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
@@ -312,9 +281,7 @@ def run_multinode_cli(
 
 
 def _program(argv: list[str]) -> tuple[str, list[str]]:
-    """torchrun's entrypoint for `argv`: a `.py` script or `-m module` under this interpreter
-    (unbuffered, as torchrun runs it), anything else as a program of its own. lockstep's own
-    module runs with `-P` (`OWN_MODULE`); a user's script keeps its folder on sys.path."""
+    """torchrun's entrypoint for `argv`: Python unbuffered, as torchrun runs it, or a program."""
     if argv[:2] == ["-m", "lockstep"]:
         return sys.executable, ["-u", "-P", *argv]
     if argv[0].endswith(".py") or argv[0] == "-m":
@@ -324,8 +291,7 @@ def _program(argv: list[str]) -> tuple[str, list[str]]:
 
 @contextlib.contextmanager
 def _job_process(env: dict, cwd: Path | None, log):
-    """While inside: this process has the job's environment and folder, and its stdout and
-    stderr go to `log` (so do the ranks' it starts, which inherit them); all restored after."""
+    """While inside: the job's environment and folder, stdout and stderr into `log`."""
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
     sys.stdout.flush(), sys.stderr.flush()
     saved_fds = os.dup(1), os.dup(2)
@@ -350,21 +316,8 @@ def _job_process(env: dict, cwd: Path | None, log):
 def run_command(argv: list[str], nproc: int, log: Path, *, env: dict, timeout: float,
                 cwd: Path | None = None, watch=None, run_path: bool = False,
                 forensics: Path | None = None) -> int | None:  # fmt: skip
-    """Run `argv` on `nproc` local ranks as `torchrun --standalone` would, through its launcher
-    API in this process (no launcher process importing torch again); every rank's output and
-    the launcher's into `log`, redacted. The exit code (0, or the first failed rank's), or None
-    when it ran past `timeout` and every rank was killed. `watch(pid)`, a context manager,
-    runs around the launch with this process's pid (gate's process monitor).
-
-    `run_path` (a `.py` script): as `torchrun --run-path`, each rank runs the script with
-    runpy in a process that already imported torch (`forkserver.BASE_PRELOAD`), forked from
-    this process's forkserver, instead of a new interpreter importing it again (about 3 s of
-    CPU a rank here). What the script does before `import torch` for torch to read at import
-    time is then too late; `os._exit(n)` ends the script as `sys.exit(n)` would.
-
-    `forensics` (a folder): the ranks record into torch's flight recorder and dump it there
-    (`lockstep.forensics`) when the run times out, before they are killed, or on a crash.
-    """
+    """Run `argv` on `nproc` local ranks, output redacted into `log`; the first failed rank's
+    exit code, 0, or None past `timeout`. `run_path`: as `torchrun --run-path`."""
     import threading
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -406,7 +359,7 @@ def run_command(argv: list[str], nproc: int, log: Path, *, env: dict, timeout: f
             out.flush()
             code = err.get_first_failure()[1].exitcode or 1
         except BaseException:
-            kill()  # interrupted: whatever a rank started in a session of its own too
+            kill()  # interrupted: whatever a rank started too
             raise
         finally:
             ended.set()
@@ -418,13 +371,8 @@ def run_command(argv: list[str], nproc: int, log: Path, *, env: dict, timeout: f
 
 def run_launcher(command: list[str], log: Path, *, env: dict, timeout: float,
                  cwd: Path | None = None, watch=None) -> int | None:  # fmt: skip
-    """Run a launcher command in its own process group, its output (every rank's) redacted
-    into `log`; its exit code, or None when it ran past `timeout` and the whole group was
-    killed. `watch(pid)`, a context manager, runs around the wait (gate's process monitor).
-
-    The group ends with this process: on an interrupt (Ctrl-C, a signal made an exception)
-    before the log is closed, and, through a session keeper (`cleanup.keeping_session`), when
-    this process is killed."""
+    """Run a launcher command in its own process group, which ends with this process, output
+    redacted into `log`; its exit code, or None past `timeout`."""
     from lockstep.redact import scrubbed_log
 
     command = keeping_session(command)
