@@ -1,18 +1,5 @@
 """Who is out of step in a hung or crashed run, from each rank's flight-recorder dump. Pure:
-dicts in (`dumps.loads`), a `Report` out.
-
-Per process group, the first sequence number where the ranks part: the lowest collective a
-rank waits in, or the one after a rank's last when that rank has none pending (it is in
-Python). There each rank either entered a collective (op, input/output sizes and dtypes),
-never reached it, or gave no dump. The odd ranks are the ones the others disagree with: the
-largest agreeing set is the majority, whatever its ranks' numbers (torch's analyzer pairs
-greedily from the first rank and blames the normal ranks when rank 0 is the culprit). A tie
-is broken by the collective the run's own history predicts at that number (the op that
-followed the previous one last time), and ranks that never reached it are the odd ones
-against ranks that wait in it.
-
-Every walk reads `clock` (it raises past the reader's deadline) as it goes: the entries
-walked may be one entry many times over, and a walk is in proportion to them.
+dicts in (`dumps.loads`), a `Report` out. Design: docs/design/forensics.md.
 """
 
 from __future__ import annotations
@@ -70,9 +57,7 @@ class Report:
 
     @property
     def judged(self) -> bool:
-        """False when every dump read was empty: "nothing out of step" would be a promise
-        made on nothing compared (a recorder turned off, or dumped through a call that does
-        not see the backend's recorder)."""
+        """False when every dump read was empty: nothing was compared."""
         return bool(self.findings) or len(self.empty) < len(self.versions)
 
     def lines(self) -> list[str]:
@@ -107,9 +92,8 @@ class Report:
 def analyse(dumps: dict[int, dict], *, stacks: dict[int, str] | None = None,
             world: int | None = None, problems: list[str] | None = None,
             clock=None) -> Report:  # fmt: skip
-    """The report for `dumps` (rank -> a dump's dict); `world`: ranks expected (0..world-1).
-    `clock()`, read in every walk, raises past a deadline (the time taken is in proportion to
-    the entries, whatever their sequence numbers)."""
+    """The report for `dumps` (rank -> a dump's dict); `world`: ranks expected (0..world-1);
+    `clock()` raises past a deadline."""
     stacks, clock = stacks or {}, clock or (lambda: None)
     groups: dict[str, dict[int, _RankView]] = {}
     members: dict[str, set[int]] = {}
@@ -173,9 +157,7 @@ def _views(data: dict, clock) -> dict[str, _RankView]:
         last = max(entries)
         done = [s for s, e in entries.items() if e.get("state") == "completed"]
         if st and "last_completed_collective" in st:
-            # NCCL's watchdog moves pg_status on as it polls, while each entry's state is read
-            # when the dump is made: an H200 dump right after four collectives had all four
-            # entries completed and pg_status at -1. A group's collectives finish in order.
+            # NCCL's pg_status can lag its entries' own states; a group's collectives finish in order
             completed = max(int(st["last_completed_collective"]), max(done, default=-1))
             last = max(last, int(st.get("last_enqueued_collective", last)))
         else:  # older dumps: no pg_status
@@ -184,9 +166,8 @@ def _views(data: dict, clock) -> dict[str, _RankView]:
     return views
 
 
-# Collectives whose result on any rank needs every rank's part: once one rank completed such a
-# collective, every rank of the group had entered it and sent its part. Not the rooted ones
-# (broadcast, reduce, gather, scatter), whose root can complete while another rank still waits.
+# Collectives whose result on any rank needs every rank's part (not the rooted ones, whose root
+# can complete while another rank still waits).
 SYMMETRIC = frozenset({
     "all_reduce", "allreduce", "all_gather", "allgather", "_allgather_base",
     "all_gather_into_tensor", "allgather_into_tensor_coalesced", "reduce_scatter",
@@ -196,11 +177,8 @@ SYMMETRIC = frozenset({
 
 
 def _completed_by_peers(views: dict[int, _RankView], clock) -> None:
-    """A rank's completed count raised through the symmetric collectives (`SYMMETRIC`) another
-    rank of the group completed: gloo's `last_completed_collective` can lag a rank's progress
-    at the moment of its dump (a rank blocked in all_reduce #5 read as completed #2, while its
-    peer had completed all_gather #4), and gloo never marks an entry completed. Read as it was,
-    the rank seemed to wait in #3 with everyone ("ranks 0, 1 wait in all_reduce #3")."""
+    """A rank's completed count raised through the symmetric collectives a peer completed
+    (gloo's status can lag)."""
     done: dict[int, set[str]] = {}  # seq -> the ops some rank completed there
     for view in views.values():
         for seq, entry in view.entries.items():
@@ -300,10 +278,7 @@ def _finding(name: str, views: dict[int, _RankView], clock) -> Finding | None:
 
 
 def last_agreed(dumps: dict[int, dict], clock=lambda: None) -> tuple[str, int, Group] | None:
-    """The last collective every rank in `dumps` entered, the same on all (per process group,
-    the default one first): (process group, sequence number, the ranks' Group); None when
-    they hold none in common. Where a rank that left no dump died (gloo aborts a rank whose
-    message size differs) when the others went no further."""
+    """(process group, seq, Group) of the last collective all `dumps` entered alike, or None."""
     groups: dict[str, dict[int, _RankView]] = {}
     for rank, data in dumps.items():
         for name, view in _views(data, clock).items():
@@ -325,10 +300,8 @@ def last_agreed(dumps: dict[int, dict], clock=lambda: None) -> tuple[str, int, G
 
 
 def _first_disagreement(views: dict[int, _RankView], before: int, clock) -> int | None:
-    """The first sequence number below `before` whose entries differ between ranks (sizes
-    that differ but fit, which gloo lets through; a rank's status can lag behind its entries),
-    among those every rank still holds. Only the numbers the ranks hold are looked at, however
-    far apart (a dump's own may jump: #1, then #10**15)."""
+    """The first sequence number below `before` whose entries differ between ranks, among
+    those every rank holds (never a range: they may jump by 10**15)."""
     if len(views) < 2:
         return None
     start = max(min(v.entries) for v in views.values())
@@ -361,7 +334,7 @@ def _verb(where: str, group: Group) -> str:
 
 def _predicted(views: dict[int, _RankView], seq: int, clock) -> tuple[str, str | None] | None:
     """From the history every rank agrees on: the op expected at `seq` (what followed the op
-    at seq-1 the last time it ran before) and the op expected after that."""
+    at seq-1 last time) and the op after that."""
     common = {}
     for s in range(seq - 1, 0, -1):
         clock()
@@ -405,8 +378,8 @@ def _broke_tie(groups, major, predicted) -> bool:
 
 
 def _main_stack(text: str) -> str:
-    """faulthandler's dump without lockstep's own threads (the recorder's, `die_with`'s) and
-    frames, at most 20 lines (their control characters escaped: a `.stacks` file is input)."""
+    """faulthandler's dump without lockstep's own threads and frames, at most 20 lines,
+    escaped."""
     blocks = [b for b in text.split("\n\n") if b.strip() and "in _watch" not in b
               and "launch/cleanup.py" not in b]  # fmt: skip
     blocks = [b for b in blocks if "excepthook" not in b] or blocks  # the Traceback says it

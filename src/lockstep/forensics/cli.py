@@ -1,5 +1,5 @@
 """`lockstep forensics hang DIR [--json]`: the report on a folder of flight-recorder dumps a
-job wrote itself (`TORCH_FR_DUMP_TEMP_FILE`, NCCL's dump on timeout, `_dump_fr_trace()`)."""
+job wrote itself."""
 
 from __future__ import annotations
 

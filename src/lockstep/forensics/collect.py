@@ -1,5 +1,5 @@
-"""The launching side: the ranks' environment for recording and dumping (`environ`), and
-asking every live rank for its dump when a run times out (`request`)."""
+"""The launching side: the ranks' environment for recording and dumping, asking live ranks
+for their dumps, scrubbing the stacks they wrote."""
 
 from __future__ import annotations
 
@@ -13,18 +13,15 @@ from lockstep.forensics.bounds import MAX_BYTES, DumpError, read_regular
 from lockstep.forensics.recorder import DIR_ENV, PID_ENV, TRIGGER
 
 SITE = Path(__file__).resolve().parent / "site"
-BUFFER = "2000"  # torch's default: enough for the last steps of any job
+BUFFER = "2000"  # torch's default
 
 
 def environ(env: dict, folder: Path, site: bool = True) -> dict:
-    """`env` with what a rank needs to record and dump into `folder` (made here): the buffer
-    size (unless the job set one; 0 keeps it off), the folder, and `site/` first on
-    PYTHONPATH so a new interpreter installs the watcher (`site/sitecustomize.py`); without
-    `site`, for ranks that install it themselves (`launch.forkserver.in_environ`). No rank's
-    mark (`recorder.PID_ENV`): a launch from inside a rank starts ranks of its own."""
+    """`env` with what a rank needs to record and dump into `folder` (made here); without
+    `site`, for ranks that install the watcher themselves."""
     folder.mkdir(parents=True, exist_ok=True)
     out = dict(env)
-    out.pop(PID_ENV, None)
+    out.pop(PID_ENV, None)  # a launch from inside a rank starts ranks of its own
     if not any(name in out for name in FR_BUFFER_ENV):
         out[FR_BUFFER_ENV[0]] = BUFFER
     out[DIR_ENV] = str(folder)
@@ -36,8 +33,7 @@ def environ(env: dict, folder: Path, site: bool = True) -> dict:
 
 
 def request(folder: Path, nproc: int, wait: float = 5.0) -> list[int]:
-    """Ask the ranks recording into `folder` for their dumps and wait up to `wait` seconds for
-    `nproc` of them; the ranks that answered."""
+    """Ask the ranks for their dumps; the ranks that answered within `wait` seconds."""
     (folder / TRIGGER).touch()
     deadline = time.monotonic() + wait
     while True:  # only the ranks asked: a script can put any name in the folder
@@ -53,10 +49,8 @@ def answered_ranks(folder: Path) -> list[int]:
 
 
 def scrub(folder: Path) -> None:
-    """Redact the ranks' Python stacks in `folder` once the launch is over (a stack quotes the
-    source line and the exception's message, which may hold a secret), as the run's log is.
-    Regular files only, opened without blocking and never through a link: a rank may have
-    left a FIFO under that name (`dumps` refuses to read one too)."""
+    """Redact the ranks' Python stacks in `folder` once the launch is over; regular files
+    only, never through a link."""
     from lockstep.redact import scrub_text
 
     for path in folder.glob("rank_*.stacks"):

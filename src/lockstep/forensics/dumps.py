@@ -1,14 +1,5 @@
-"""Reading flight-recorder dumps back, within bounds (`bounds`): a dump is a pickle of builtins
-only (`unpickle`, a bounded restricted unpickler: anything naming a class or function is
-refused) or its JSON form, and a folder holds one a rank.
-
-Formats read: torch's `_dump_fr_trace()` / `TORCH_FR_DUMP_TEMP_FILE` pickles, versions
-"2.x" (2.10 in torch 2.13; older ones lack `pg_status`, which `analysis` then infers from
-each entry's `state`), and their JSON form (`_dump_nccl_trace_json`, whose `pg_status`
-numbers are strings). A dump read is checked (`checked`): the fields `analysis` uses have
-the types torch writes, so that no dump makes the analysis raise, and an entry's sizes and
-dtypes are bounded (`MAX_SIZES`, `MAX_DTYPE`: the analysis renders them). Every file is read as
-a regular file (`bounds.read_regular`): a FIFO named `rank_0.stacks` blocked the reader.
+"""Reading flight-recorder dumps back within `bounds` (a pickle or its JSON form, a file a
+rank), checked so that no dump makes the analysis raise.
 """
 
 from __future__ import annotations
@@ -43,9 +34,8 @@ __all__ = ["Dump", "DumpError", "OutOfBounds", "checked", "load_dir", "loads"]
 
 
 def loads(data: bytes, budget: Budget | None = None) -> dict:
-    """A dump's dict, read without running any code the pickle names, within `budget` (a
-    new `Budget` unless given): DumpError for a file that is not a dump, OutOfBounds for one
-    past a bound."""
+    """A dump's dict within `budget`: DumpError for a file that is not a dump, OutOfBounds for
+    one past a bound."""
     budget = Budget() if budget is None else budget
     if data[:1] in (b"{", b"["):
         budget.charge(json_cost(data))
@@ -73,10 +63,8 @@ def _json_depth(obj) -> None:
 
 
 def checked(obj, clock: Callable[[], None] = lambda: None) -> dict:
-    """`obj` if it is a dump whose fields `analysis` uses have torch's types (`pg_status`'s
-    numbers made ints, `pg_config`'s ranks a list); DumpError naming the first field that has
-    not, OutOfBounds for a sequence number past torch's int64, a rank past MAX_RANKS, sizes or
-    dtypes past MAX_SIZES, MAX_DTYPE; `clock()` for each entry (one can be many times shared)."""
+    """`obj` if the fields `analysis` uses have torch's types (numbers made ints), else
+    DumpError or OutOfBounds naming the field."""
     if not isinstance(obj, dict) or not isinstance(obj.get("entries"), list):
         raise DumpError("not a flight-recorder dump (no 'entries' list)")
     if not isinstance(obj.get("version", ""), str | int | float):
@@ -197,11 +185,8 @@ RANK = re.compile(r"(?<!\d)(\d+)(?:\.(?:pkl|pickle|json))?$")
 
 def load_dir(folder: Path, budget: Budget | None = None,
              strict: bool = False) -> tuple[dict[int, Dump], list[str]]:  # fmt: skip
-    """Every dump in `folder` by rank (the number ending its name: `rank_3`,
-    `nccl_trace_rank_3`, `fr_3.pkl`), and one line for each file that could not be read,
-    all within `budget` (a new `Budget` unless given). `strict`: OutOfBounds, naming the
-    file, for a file or the folder past a bound (`lockstep forensics hang` exits 2 on it);
-    else that file's line says so, and the reading goes on while the budget lasts."""
+    """Every dump in `folder` by rank (the number ending its name), and a line for each file
+    not read; `strict`: OutOfBounds past a bound."""
     budget = Budget() if budget is None else budget
     dumps: dict[int, Dump] = {}
     problems: list[str] = []
@@ -258,8 +243,7 @@ def _rank(digits: str) -> int:
 
 
 def read_stacks(path: Path, budget: Budget) -> str:
-    """The first MAX_STACKS bytes of a rank's `.stacks` (faulthandler's text), charged; a
-    regular file only (`bounds.read_regular`)."""
+    """The first MAX_STACKS bytes of a rank's `.stacks`, charged."""
     data = read_regular(path, MAX_STACKS, budget, cut=True)
     budget.charge(len(data))  # decoded: as much again
     return data.decode(errors="replace")

@@ -1,8 +1,6 @@
-"""The report on a launch's (or a job's own) folder of flight-recorder dumps: the dumps read
-(`dumps`) and analysed (`analysis`) in a process of their own (`reader`: a fresh interpreter
-under RLIMIT_AS and RLIMIT_CPU, the floor under the reader's budgets), and what the launch's
-log adds: ranks gloo aborted on a size mismatch ("Received data size doesn't match expected
-size") leave no dump, but the log names them and the sizes they saw."""
+"""The report on a folder of flight-recorder dumps, read in a process of its own (`reader`),
+with the ranks gloo aborted that the launch's log names.
+"""
 
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ from lockstep.forensics import analysis, bounds, reader
 MISMATCH = "Received data size doesn't match expected size"
 # gloo's enforce message before it: "op.preamble.length <= op.nbytes. 8 vs 4. "
 SIZES = re.compile(r"(\d{1,20}) vs (\d{1,20})\. $")
-# torchrun's failure summary, one block a rank ("rank : 1 (local_rank: 1)", "exitcode : -6");
-# no unbounded gap: the log holds the ranks' own output
+# torchrun's failure summary; no unbounded gap: the log holds the ranks' output
 FAILED_RANK = re.compile(
     r"rank\s*:\s*(\d{1,7}) \(local_rank: \d+\)\n[ \t]*exitcode[ \t]*:[ \t]*(-?\d{1,4})"
 )
@@ -39,11 +36,8 @@ def clear(folder: Path) -> None:
 
 def report(folder: Path, log_text: str | None = None, world: int | None = None,
            strict: bool = False) -> analysis.Report:  # fmt: skip
-    """The `analysis.Report` on the dumps in `folder`; `log_text`, the launch's log, adds the
-    ranks gloo aborted on a size mismatch. Within `bounds` whatever the folder holds:
-    `strict`, OutOfBounds past one (`lockstep forensics hang`), else a line of the report's
-    problems says so; `Report.dead` when the reader gave no report (its process died, the
-    deadline passed)."""
+    """The `analysis.Report` on the dumps in `folder` (`log_text`: the launch's log); past a
+    bound, OutOfBounds when `strict`; `Report.dead` when the reader gave none."""
     options = {"world": world, "strict": strict, "gloo": _gloo(log_text or ""),
                "memory": bounds.MAX_MEMORY, "seconds": bounds.MAX_SECONDS,
                "deadline": time.monotonic() + bounds.MAX_SECONDS, "space": bounds.MAX_SPACE,
@@ -83,7 +77,7 @@ def _dead(why: str, strict: bool) -> analysis.Report:
 
 
 def _rebuild(d: dict) -> analysis.Report:
-    """The `analysis.Report` the reader wrote as JSON (`dataclasses.asdict`)."""
+    """The `analysis.Report` the reader wrote as JSON."""
     findings = [
         analysis.Finding(**{**f, "groups": [analysis.Group(**g) for g in f["groups"]],
                             "stacks": {int(r): s for r, s in f["stacks"].items()}})
@@ -95,8 +89,7 @@ def _rebuild(d: dict) -> analysis.Report:
 
 def _gloo(text: str) -> list | None:
     """[received, expected, ranks that died of SIGABRT] when the log shows gloo's abort on a
-    size mismatch. The literal is found first: a regex that starts on digits walked every run
-    of them to its end (quadratic on a log of digits)."""
+    size mismatch; the literal first (a regex starting on digits is quadratic)."""
     at = text.find(MISMATCH)
     while at >= 0:
         sizes = SIZES.search(text, max(0, at - 48), at)
@@ -109,11 +102,8 @@ def _gloo(text: str) -> list | None:
 
 def summary(folder: Path, log_text: str | None = None, world: int | None = None,
             findings_only: bool = False) -> str:  # fmt: skip
-    """For a timed-out or crashed launch's one-line error: `; flight recorder: HEADLINES
-    (report: FOLDER/report.txt)`, the headlines being who is out of step in which collective;
-    the whole report, every odd rank's Python stack included, is written scrubbed beside the
-    dumps as report.txt. '' when no rank left a dump or its stacks, or, with `findings_only`
-    (a crash, whose own traceback says more), when nobody is out of step."""
+    """`; flight recorder: HEADLINES (report: FOLDER/report.txt)` for a failed launch's error,
+    or '' (no dump; with `findings_only`, nobody out of step)."""
     from lockstep.redact import scrub_text
 
     if not folder.is_dir():

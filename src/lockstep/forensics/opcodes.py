@@ -1,7 +1,5 @@
 """The pickle opcodes `unpickle`'s machine runs: a handler each, which builds its object and
-charges it (the costs below), and the opcodes refused, by name. A long batch of dict keys or
-set members looks at the clock every `CHUNK` (ints whose hashes collide make each insertion
-walk all the others: quadratic within one opcode)."""
+charges it, and the opcodes refused, by name."""
 
 from __future__ import annotations
 
@@ -11,11 +9,9 @@ import sys
 from lockstep.forensics.bounds import DumpError, OutOfBounds
 
 MAX_MARKS = 64  # MARKs open at once (torch's pickler: a few)
-CHUNK = 512  # items hashed between two looks at the clock
-# Bytes charged: a reference's slot (on the stack, then in its container); a dict's table (120
-# more with its first item, 46 an item after, its old table too while it grows: half given
-# back after); a set's; a list's growth (while the MARK's list still holds the items: given
-# back after); a MARK's list, a memo entry, a kept depth (the machine's own, back at its end).
+CHUNK = 512  # items hashed between two looks at the clock (colliding hashes are quadratic)
+# Bytes charged (docs/design/forensics.md, "Costs"): a reference's slot, a dict's and a set's
+# items, a list's growth; a MARK's list, a memo entry, a kept depth.
 SLOT, DICT_ITEM, DICT_FIRST, SET_ITEM, LIST_ITEM = 8, 96, 120, 128, 10
 MARK, MEMO_ITEM, NESTED = 64, 112, 176
 NESTING = {list, dict, tuple, set, frozenset}
@@ -26,7 +22,7 @@ _U1, _U2, _U4, _I4, _U8, _F8 = (
 )
 WIDTH = {_U1: 1, _U2: 2, _U4: 4, _I4: 4, _U8: 8, _F8: 8}
 
-# Each opcode's handler, True for STOP; the frequent ones count a small cost without a call.
+# Each opcode's handler, True for STOP.
 
 
 def _mark(m) -> bool:
@@ -302,8 +298,7 @@ OPS = {
     ord("j"): _memo(_U4, False),
 }  # fmt: skip
 
-# The opcodes refused, by name: they build objects by calling something, or reach outside;
-# and Python 2's strings (torch writes none).
+# The opcodes refused, by name: they call something or reach outside; Python 2's strings.
 NAMES = {
     0x93: "STACK_GLOBAL", ord("R"): "REDUCE", ord("b"): "BUILD", ord("i"): "INST",
     ord("o"): "OBJ", 0x81: "NEWOBJ", 0x92: "NEWOBJ_EX", 0x82: "EXT1", 0x83: "EXT2",

@@ -1,13 +1,5 @@
-"""The reader of a folder of dumps in a process of its own, started by `hang.report`: a fresh
-interpreter (`python -I -S`: no site, so neither torch nor numpy; lockstep's forensics modules
-only) under RLIMIT_AS and RLIMIT_CPU. The budgets of `bounds` are counted as the reading goes;
-these limits are the floor under them, for whatever the counting misses (work inside one C
-call, an allocation the costs do not foresee): the process dies, and `hang` says so.
-
-    python -I -S -c BOOT SRC FOLDER OPTIONS    # OPTIONS: JSON (`hang.report`)
-
-It writes the report as JSON on stdout (`{"report": ...}`, or `{"error": ...}` for a folder
-past a bound), exit 0; MemoryError is exit `EXIT_MEMORY`.
+"""The reader of a folder of dumps, in a fresh interpreter of its own under RLIMIT_AS and
+RLIMIT_CPU (started by `hang.report`): its report, or an error, as JSON on stdout.
 """
 
 from __future__ import annotations
@@ -26,13 +18,13 @@ EXIT_MEMORY = 3
 
 
 def main(argv: list[str]) -> None:
-    """The reader's process: its report on stdout, then out without the interpreter's teardown
-    (freeing the dumps object by object, and a last garbage collection walking them all)."""
+    """The reader's process: its report on stdout, then out without the interpreter's
+    teardown."""
     folder, options = Path(argv[0]), json.loads(argv[1])
     _limit(resource.RLIMIT_AS, options["space"], options["space"])
     _limit(resource.RLIMIT_CPU, options["cpu"], options["cpu"] + 1)  # SIGXCPU, then SIGKILL
     _limit(resource.RLIMIT_CORE, 0, 0)
-    gc.disable()  # a dump holds no cycle (`unpickle` refuses one): walking its objects is waste
+    gc.disable()  # a dump holds no cycle (`unpickle` refuses one)
     try:
         budget = bounds.Budget(options["memory"], options["seconds"])
         budget.deadline = options["deadline"]  # the caller's: CLOCK_MONOTONIC is system-wide
@@ -53,7 +45,7 @@ def main(argv: list[str]) -> None:
 
 
 def _limit(which: int, soft: int, hard: int) -> None:
-    """Lowers a limit; never above the one inherited (setrlimit refuses to raise a hard one)."""
+    """Lowers a limit, never above the one inherited (setrlimit refuses to raise a hard one)."""
     _, inherited = resource.getrlimit(which)
     if inherited != resource.RLIM_INFINITY:
         soft, hard = min(soft, inherited), min(hard, inherited)
@@ -62,10 +54,8 @@ def _limit(which: int, soft: int, hard: int) -> None:
 
 def read(folder: Path, budget: bounds.Budget, world: int | None = None, strict: bool = False,
          gloo: list | None = None) -> analysis.Report:  # fmt: skip
-    """The `analysis.Report` on the dumps in `folder` within `budget`: `strict`, OutOfBounds
-    past a bound (`lockstep forensics hang`), else a dump past one is a line of the report's
-    problems (the analysis past the deadline raises all the same).
-    `gloo`: [received, expected, ranks] of a gloo size mismatch the launch's log names."""
+    """The `analysis.Report` on the dumps in `folder` within `budget` (`hang.report`'s
+    arguments)."""
     found, problems = dumps.load_dir(folder, budget, strict)
     stacks = {r: d.stacks for r, d in found.items() if d.stacks}
     for seen, path in enumerate(folder.glob("rank_*.stacks")):  # stacks, but no dump
@@ -91,9 +81,8 @@ def read(folder: Path, budget: bounds.Budget, world: int | None = None, strict: 
 
 
 def _aborted(result, gloo: list, found: dict[int, dict], clock) -> None:
-    """Name the ranks gloo aborted on a size mismatch (no dump: the log's exit codes say -6)
-    as the ones whose sizes differ where the others agree, at the collective the others wait
-    in or, when none waits, the last one they all entered (`analysis.last_agreed`)."""
+    """Name the ranks gloo aborted (no dump) at the collective the others wait in, or else at
+    the last they all entered."""
     got, expected, ranks = gloo
     aborted = sorted(set(ranks) - set(found))
     who = analysis.ranks_text(aborted) if aborted else "a rank"

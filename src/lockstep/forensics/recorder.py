@@ -1,18 +1,5 @@
-"""In a rank: dump torch's flight recorder into a folder lockstep owns.
-
-A rank blocked in a gloo collective has its main thread inside C++ (a Python signal handler
-would never run), but the GIL is released while it waits: a daemon thread polling for a
-trigger file in the folder runs, and writes `rank_N` (the pickled dump) and `rank_N.stacks`
-(every thread's Python stack, faulthandler's). An uncaught exception (gloo's "Received data
-size doesn't match expected size" raised in a rank) dumps too, before the interpreter's
-own report. Standard library only at import time; torch is imported when a dump is written.
-
-Only in the rank's own process: an interpreter the rank starts (a helper script, a dataloader
-worker spawned fresh) inherits its environment, `site/sitecustomize.py` included, and
-recording there overwrote the rank's dump at the helper's exit, or asked every rank for its
-dump when the helper crashed. The watcher marks the rank's pid in the environment as it
-arms (PID_ENV); an interpreter that finds another pid there is not the rank and stays
-unarmed; a process forked from the rank (its pid differs) never dumps.
+"""In a rank: dump torch's flight recorder and every thread's Python stack into a folder
+lockstep owns, when asked and on an uncaught exception. Design: docs/design/forensics.md.
 """
 
 from __future__ import annotations
@@ -30,7 +17,7 @@ PID_ENV = "LOCKSTEP_FR_RANK_PID"  # the pid of the rank whose watcher armed
 TRIGGER = "dump.request"
 POLL_S = 0.2
 _installed: list[str] = []
-_owner: list[int] = []  # the pid that armed: a fork of it inherits `_installed`, not the pid
+_owner: list[int] = []  # the pid that armed: a fork inherits `_installed`, not the pid
 _crashed: list[str] = []
 _dumped: list[str] = []
 
@@ -40,7 +27,7 @@ def _rank() -> str:
 
 
 def _armed() -> bool:
-    """The watcher is installed, and this is the process that installed it."""
+    """The watcher is installed, by this process."""
     return bool(_installed) and _owner == [os.getpid()]
 
 
@@ -52,10 +39,8 @@ def _imported(name: str) -> bool:
 
 
 def _timed_out_in_last(data: bytes) -> bytes:
-    """This rank's record with its last collective marked not completed: gloo counts a
-    collective that timed out as completed (`pg_status`), so a rank whose own timeout fired
-    would read as having finished the collective it waits in. The last collective it issued
-    (the highest `record_id`) is that one; the dump is this process's own, from torch."""
+    """This rank's record with its last collective marked not completed: gloo counts one that
+    timed out as completed."""
     import pickle
 
     record = pickle.loads(data)
@@ -75,14 +60,13 @@ def _timed_out_in_last(data: bytes) -> bytes:
 
 def dump(folder: str, why: str, exc=None, timed_out: bool = False) -> None:
     """Write this rank's flight recorder (first: a rank may be killed soon after), then its
-    Python stacks, into `folder`; never raises. A rank still importing torch has no recorder
-    to dump (and the import lock is its main thread's): stacks only."""
+    Python stacks, into `folder`; never raises."""
     import faulthandler
 
     rank = _rank()
     _dumped.append(why)
     data = None
-    if _imported("torch") and _imported("torch.distributed"):
+    if _imported("torch") and _imported("torch.distributed"):  # else stacks only
         try:
             data = compat.dump_flight_recorder()
             if timed_out:
@@ -97,13 +81,12 @@ def dump(folder: str, why: str, exc=None, timed_out: bool = False) -> None:
             os.replace(tmp, os.path.join(folder, f"rank_{rank}"))
         except OSError:
             pass
-    # Written aside and renamed: the launcher counts a rank as answered once its stacks file
-    # exists, and may kill it the moment it does.
+    # Renamed into place: the launcher may kill a rank the moment its stacks file exists.
     tmp = os.path.join(folder, f".rank_{rank}.stacks.tmp")
     try:
         with open(tmp, "w") as out:
             out.write(f"# {why}\n")
-            if exc is not None:  # the exception's own stack: the main thread is in a hook now
+            if exc is not None:  # the main thread is in a hook now: the exception's own stack
                 import traceback
 
                 out.write("".join(traceback.format_exception(*exc)) + "\n")
@@ -118,18 +101,15 @@ def _watch(folder: str) -> None:
     trigger = os.path.join(folder, TRIGGER)
     while not os.path.exists(trigger):
         time.sleep(POLL_S)
-    if _armed() and not _crashed and not _dumped:  # a rank that ended dumped then: it stays
+    if _armed() and not _crashed and not _dumped:  # a dump made already stays
         dump(folder, "asked (the run timed out, or another rank crashed)")
 
 
 def crash_dump(folder: str, why: str, exc=None, wait: float = 3.0, timed_out: bool = False) -> None:
-    """This rank is crashing: dump, ask every other rank for its dump (they are still alive,
-    blocked where the crash left them, until the launcher stops them) and wait up to `wait`
-    seconds for them (WORLD_SIZE) before this rank's exit makes the launcher kill them."""
+    """This rank is crashing: dump, ask every other rank for its dump and wait up to `wait`
+    seconds for them."""
     _crashed.append(why)
-    # Dumped already when asked: a crash now followed it (the launcher stopped a peer) and
-    # would overwrite the stacks of the hang. Its own collective's timeout dumps again: the
-    # record then marks that collective not completed (`_timed_out_in_last`).
+    # Dumped when asked: a crash now would overwrite the hang's stacks (a timeout marks its own).
     if timed_out or not _dumped:
         dump(folder, why, exc, timed_out)
     try:
@@ -149,16 +129,14 @@ def crash_dump(folder: str, why: str, exc=None, wait: float = 3.0, timed_out: bo
 
 
 def timed_out(why: str, wait: float = 3.0) -> None:
-    """A collective of this rank gave up on its own timeout (preflight's ranks time themselves
-    out): dump, ask every other rank for its dump and wait for them, as a crash does
-    (`crash_dump`); nothing when the launch asked for no dumps."""
+    """A collective of this rank gave up on its own timeout: dump and ask the others, as a
+    crash does."""
     if _armed() and not _crashed:
         crash_dump(_installed[0], why[:500], wait=wait, timed_out=True)
 
 
 def install(folder: str) -> None:
-    """Start the watcher thread and the dump on an uncaught exception, once per process, in
-    this process only (marked in PID_ENV for the interpreters it starts)."""
+    """Start the watcher thread and the dump on an uncaught exception, once per process."""
     if not folder or folder in _installed or not os.path.isdir(folder):
         return
     _installed.append(folder)
@@ -177,8 +155,7 @@ def install(folder: str) -> None:
 
 
 def _at_exit(folder: str) -> None:
-    """A rank that ends, even cleanly, leaves its record: a mismatch gloo did not stop (sizes
-    that differ, but fit) shows only when the ranks' records are compared."""
+    """A rank that ends, even cleanly, leaves its record (a mismatch gloo let through)."""
     if _armed() and not _crashed and not _dumped:
         dump(folder, "at exit")
 
@@ -190,8 +167,7 @@ def finished() -> None:
 
 
 def dump_on_error(info) -> None:
-    """Dump for an exception a runner caught itself (a forked rank's script), when installed
-    and not dumped for this crash already."""
+    """Dump for an exception a runner caught itself (a forked rank's script)."""
     kind, value = info[0], info[1]
     if not _armed() or _crashed or kind is None:
         return
@@ -200,9 +176,8 @@ def dump_on_error(info) -> None:
 
 
 def run(fn, *args):
-    """A rank's function, recorded: `fn(*args)` with the watcher installed when the launch
-    asked for dumps (DIR_ENV), a dump on an exception it raises (torchelastic catches it, not
-    the excepthook) and at its return (a forked rank ends with `os._exit`, without atexit)."""
+    """`fn(*args)` recorded: a dump on an exception it raises (torchelastic catches it, not the
+    excepthook) and at its return."""
     install_from_env()
     try:
         result = fn(*args)
@@ -214,9 +189,7 @@ def run(fn, *args):
 
 
 def install_from_env() -> None:
-    """Install the watcher when the launch asked for dumps (DIR_ENV) and this process is a
-    rank's own: a rank (RANK, which its launcher sets) that no process of the rank marked
-    before (PID_ENV: an interpreter the rank started finds the rank's pid there)."""
+    """Install the watcher when the launch asked for dumps, in a rank's own process only."""
     mark = os.environ.get(PID_ENV)
     if "RANK" not in os.environ or (mark and mark != str(os.getpid())):
         return

@@ -1,25 +1,5 @@
-"""A bounded, restricted unpickler for flight-recorder dumps (`dumps`): builtins only, within a
-`bounds.Budget` of memory and time that every dump of a folder shares.
-
-Pure Python, one opcode at a time, so that it refuses what the C unpickler cannot: a memo
-index far past the pickle's size (9 bytes, `LONG_BINPUT 2**26`, made the C unpickler
-allocate 1 GB: its memo is an array as long as the largest index, up to 64 GiB), a length
-that claims more bytes than the pickle holds, containers nested deeper than
-`bounds.MAX_DEPTH`, more memory than the budget. Opcodes that name a class or a function
-(GLOBAL, REDUCE, BUILD, ...) are refused: a dump holds only dicts, lists, tuples, sets,
-strings, bytes, numbers, booleans and None.
-
-Each object is charged what CPython 3.11 allocates for it, rounded up (`sys.getsizeof` for
-strings and numbers, a slot a reference, a dict's table as it grows), and so are the
-machine's own memo, MARKs and depths while it runs: the budget bounds the memory the reader
-takes at its peak, not only the dump's size (tests/forensics/test_dump_bounds.py measures
-it against tracemalloc).
-
-A container referenced again (the memo's GET, DUP) is charged its whole weight expanded, each
-time: through the memo 1 KB builds a DAG whose hash, `json.dumps` or walk visits 10**10 nodes,
-inside one C call where no clock is read. Torch's pickler shares references too, so a shared
-container is read, but never changed after (a cycle needs that): its weight holds. What is
-hashed (a dict's key, a set's member) weighs at most `MAX_KEY` expanded.
+"""A bounded, restricted unpickler for flight-recorder dumps: builtins only, one opcode at a
+time in pure Python, within a `bounds.Budget`. Design: docs/design/forensics.md.
 """
 
 from __future__ import annotations
@@ -42,16 +22,15 @@ from lockstep.forensics.opcodes import (
 )
 
 MAX_TEXT_ARG = 64  # bytes of a text opcode's argument: a number, a memo index
-MAX_KEY = 1 << 12  # a hashed tuple's or frozenset's weight (torch's keys: strings)
+MAX_KEY = 1 << 12  # a hashed tuple's or frozenset's weight
 CHECK_MEMORY, CHECK_TIME = 1 << 10, 1 << 14  # opcodes between two looks at the budget, the clock
-# A container's weight, expanded: its own bytes and each item's slot, then its containers'.
+# A container's own bytes and each item's slot.
 WEIGHT = {list: (88, SLOT), tuple: (40, SLOT), dict: (184, DICT_ITEM), set: (216, SET_ITEM),
           frozenset: (216, SET_ITEM)}  # fmt: skip
 
 
 def load(data: bytes, budget: Budget):
-    """The object `data` pickles, made of builtins only, within `budget`: DumpError when
-    `data` is not such a pickle, OutOfBounds when it is past a bound."""
+    """The object `data` pickles, of builtins only, within `budget`: DumpError or OutOfBounds."""
     machine = _Machine(data, budget)
     try:
         made = machine.run()
@@ -69,9 +48,7 @@ def load(data: bytes, budget: Budget):
 
 class _Machine:
     """The pickle machine: a stack, its MARKs, the memo, and the depth of every container
-    that holds one. A small object's cost is counted at once and compared with the budget
-    every `CHECK_MEMORY` opcodes (a few hundred KB past it at most); a large one's at once.
-    `own`: what of `used` is the machine's own (memo, depths), given back when it ends."""
+    that holds one; `own`: what of `used` is its own."""
 
     def __init__(self, data: bytes, budget: Budget):
         self.data, self.view, self.pos, self.budget = data, memoryview(data), 0, budget
@@ -88,7 +65,7 @@ class _Machine:
         while self.pos < end:
             pos = self.pos
             op = data[pos]
-            if op == 0x68:  # BINGET: most of a torch dump's opcodes (it memoizes its strings)
+            if op == 0x68:  # BINGET: most of a torch dump's opcodes, inlined
                 obj = memo[data[pos + 1]]
                 self.stack.append(obj)
                 self.pos = pos + 2
@@ -120,8 +97,7 @@ class _Machine:
         self.stack.append(obj)
 
     def weight(self, obj) -> int:
-        """`obj`'s weight expanded as a tree (`WEIGHT`), each container's counted once and
-        kept: `obj` and what it holds are never changed after (`frozen`)."""
+        """`obj`'s weight expanded as a tree, counted once and kept (`frozen`)."""
         known = self.weights.get(id(obj))
         if known is not None:
             return known[1]
@@ -148,7 +124,7 @@ class _Machine:
                             f"{self.pos - 1})")  # fmt: skip
 
     def hashed(self, items) -> None:
-        """OutOfBounds past `MAX_KEY` for a tuple or frozenset among `items` (to be hashed)."""
+        """OutOfBounds past `MAX_KEY` for a tuple or frozenset among `items`."""
         for item in items:
             if type(item) in HASHED and self.weight(item) > MAX_KEY:
                 raise OutOfBounds(f"a dict key or set member of {self.weight(item)} bytes "

@@ -1,5 +1,4 @@
-"""Secrets out of what lockstep writes: command lines, child processes' logs, logging records,
-and mappings (fingerprints, reports) walked by the names of their keys."""
+"""Secrets out of command lines, child processes' logs, logging records and mappings."""
 
 from __future__ import annotations
 
@@ -26,9 +25,7 @@ def _secret_flag(flag: str, value: str) -> bool:
 
 
 def scrub_argv(argv: Sequence[str]) -> list[str]:
-    """A command line with its secrets redacted: each argument's own (`--set api_token=x`,
-    `--set logging.run_name=https://u:p@h`, `--set a=1,password=x`), and the whole argument
-    after a secret-named flag (`--api-key VALUE`, `-p VALUE`)."""
+    """A command line with its secrets redacted, whole arguments after a secret-named flag."""
     out = []
     for i, arg in enumerate(argv):
         flag = argv[i - 1] if i else ""
@@ -38,7 +35,7 @@ def scrub_argv(argv: Sequence[str]) -> list[str]:
 
 @contextlib.contextmanager
 def scrubbed_argv() -> Iterator[None]:
-    """`sys.argv` redacted while inside, for a library that records the command line (wandb)."""
+    """`sys.argv` redacted while inside (for wandb, which records it)."""
     argv = sys.argv
     sys.argv = scrub_argv(argv)
     try:
@@ -48,7 +45,7 @@ def scrubbed_argv() -> Iterator[None]:
 
 
 def scrub_file(path: str | os.PathLike) -> bool:
-    """Rewrite a text file (a child process's log) with its secrets redacted; whether it had any."""
+    """Rewrite a text file with its secrets redacted; whether it had any."""
     path = Path(path)
     text = path.read_bytes().decode("utf-8", "replace")
     clean = scrub_text(text)
@@ -59,10 +56,7 @@ def scrub_file(path: str | os.PathLike) -> bool:
 
 @contextlib.contextmanager
 def scrubbed_log(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """A stream for children's stdout/stderr (they inherit it; a pipe keeps every writer's
-    output in the order written) whose text lands in the new file `path`, 0600, scrubbed as it
-    is written (`stream.scrubbing_fifo`): no moment leaves a secret on disk. Given a pipe
-    `scrubbing_fifo` made (a launch's, `launch.script.launch`), it writes into that one."""
+    """Children's output into the new file `path`, scrubbed as written."""
     if _is_fifo(path):
         with open(path, "wb") as out:
             yield out
@@ -79,8 +73,7 @@ def _is_fifo(path: str | os.PathLike) -> bool:
 
 
 class _ScrubRecords(logging.Filter):
-    """Rewrites a record as its redacted text (message and traceback): torchelastic logs a
-    failed rank's exception, whose text may hold a secret, through its own logger."""
+    """Rewrites a record as its redacted text, traceback included."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
@@ -95,8 +88,7 @@ class _ScrubRecords(logging.Filter):
 
 @contextlib.contextmanager
 def scrubbed_logger(logger: str = "torch.distributed.elastic") -> Iterator[None]:
-    """While inside: every handler that records of `logger` and its children reach redacts
-    them first (a handler's filter, unlike a logger's, sees its children's records too)."""
+    """While inside, every handler that `logger`'s records reach redacts them."""
     handlers, log = {logging.lastResort} - {None}, logging.getLogger(logger)
     for name, child in list(logging.root.manager.loggerDict.items()):
         if name.startswith(logger + ".") and isinstance(child, logging.Logger):
@@ -115,7 +107,7 @@ def scrubbed_logger(logger: str = "torch.distributed.elastic") -> Iterator[None]
 
 
 def redact_value(name: object, value: object) -> object:
-    """One value under its name: all of it when the name looks secret, else its secrets."""
+    """One value under its name: all of it when the name looks secret."""
     if value is None or isinstance(value, bool):
         return value
     if is_secret_name(name):
@@ -130,7 +122,7 @@ def redact_value(name: object, value: object) -> object:
 
 
 def redact_mapping(mapping: Mapping) -> dict:
-    """Redact a flat or nested mapping; lists and tuples are walked, secret-named subtrees go."""
+    """Redact a flat or nested mapping."""
     return {key: redact_value(key, value) for key, value in mapping.items()}
 
 

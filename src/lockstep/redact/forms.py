@@ -1,7 +1,4 @@
-"""Secrets that `text`'s name/value forms cannot see, each found by a scan of its own, linear in
-the text: a private key's base64 body without its BEGIN line, a password after curl's `-u` or
-`--user`, a key after `wandb login`. `scrub_text` runs them; `stream` asks `body_continues`
-whether a key's body may go on in the next line."""
+"""Secrets `text`'s name/value forms cannot see, each found by a scan of its own."""
 
 from __future__ import annotations
 
@@ -9,26 +6,23 @@ import re
 
 from lockstep.redact.names import redacted
 
-# The first bytes of a private key's DER (a SEQUENCE, then the version INTEGER 0 or 1, which
-# public keys and certificates lack) in base64, for each length encoding: PKCS#1 and PKCS#8
-# RSA/DSA/EC, SEC1 EC, Ed25519/Ed448; and OpenSSH's own format (`openssh-key-v1`).
+# A private key's first bytes in base64 (the DER's version INTEGER, which public keys and
+# certificates lack), per length encoding; and OpenSSH's `openssh-key-v1`.
 _BODY_START = re.compile(
     r"(?<![A-Za-z0-9+/])(?:MI[I-L][A-Za-z0-9+/]{2}[AQgw]IBA|MI[E-H][A-Za-z0-9+/]AgE[AB]"
     r"|M[A-P][A-Za-z0-9+/]CAQ[A-H]|b3BlbnNzaC1rZXktdjE)"
 )
 _RUN = re.compile(r"[A-Za-z0-9+/]*={0,2}")
-# between the lines of a body: a newline (indented, or `\n` escaped in a JSON string)
+# between the lines of a body: a newline, indented or escaped
 _SEP = re.compile(r"[ \t]*(?:\r?\n|\\r\\n|\\n)[ \t]*")
 _SEGMENT_END = re.compile(r"[ \t]*(?:\r?\n|\\[rn]|[\"',]|$)")
 _END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
 MIN_BODY = 40  # shorter runs are words by chance
-FULL_LINE = 60  # PEM wraps at 64 (70 OpenSSH, 76 MIME): a shorter line is the body's last
+FULL_LINE = 60  # PEM wraps at 64: a shorter line is the body's last
 
 
 def pem_bodies(text: str) -> str:
-    """Private keys' bodies redacted where no BEGIN line stands before them: from the first
-    bytes (`_BODY_START`) through every following full line of base64, the last shorter one
-    and an END line right after."""
+    """Private keys' bodies with no BEGIN line before them redacted."""
     out, done, pos = [], 0, 0
     while (m := _BODY_START.search(text, pos)) is not None:
         end = _RUN.match(text, m.start()).end()
@@ -55,14 +49,13 @@ _B64_LINE = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 
 
 def body_line(line: str) -> int:
-    """The length of `line` when it is one segment of base64 and nothing else, else 0."""
+    """`line`'s length if it is one segment of base64 only, else 0."""
     segment = line.strip()
     return len(segment) if _B64_LINE.fullmatch(segment) else 0
 
 
 def body_continues(line: str, inside: bool) -> bool:
-    """Whether `pem_bodies` may take the next line too: `line` (no newline) ends in a key's
-    body of a full line's length, its first line or (`inside` one) a later one."""
+    """Whether `pem_bodies` may take the line after `line` too."""
     if inside:
         return body_line(line) >= FULL_LINE
     tail = line.rstrip(" \t\r")
@@ -73,9 +66,8 @@ def body_continues(line: str, inside: bool) -> bool:
     return False
 
 
-# curl's `-u user:password` (`-U`, `--user`, `--proxy-user`, glued or after `=`, quoted or not):
-# the password goes, the user stays. `-u` is many tools' (`python -u`, `docker run -u uid:gid`):
-# it counts on a line that runs curl only. A uid:gid or a `$VAR` is no password.
+# curl's `-u user:password` (`-U`, `--user`, `--proxy-user`): the password goes. `-u` is many
+# tools' (`python -u`): it counts after curl only.
 _CURL = re.compile(r"\bcurl\b")
 _USER_FLAG = re.compile(
     r"(?<![\w-])(?:--(?:proxy-)?user(?:[ \t]+|=)|(?P<short>-[uU])[ \t]*)"
@@ -85,8 +77,7 @@ _UID_GID = re.compile(r"\d+")
 
 
 def user_passwords(text: str) -> str:
-    """The passwords of `user:password` after curl's user flags redacted (`_USER_FLAG`), line
-    by line (a `-u` counts after `curl` on its line)."""
+    """The passwords after curl's user flags redacted, line by line."""
     if "-u" not in text and "-U" not in text:  # `--user` holds "-u" too
         return text
     return "\n".join(
@@ -110,8 +101,7 @@ def _user_line(line: str) -> str:
     return _USER_FLAG.sub(password, line)
 
 
-# `wandb login KEY` (`--relogin`, `--host URL` around it): any word of a key's shape on the rest
-# of the line (40 hex characters, or a longer token with a digit).
+# `wandb login KEY`: a word of a key's shape after it.
 _WANDB_LOGIN = re.compile(r"\bwandb[ \t]+login\b[^\n]*")
 _KEY_WORD = re.compile(r"(?<![\w./:-])(?=[\w-]*\d)[\w-]{32,}(?![\w./:-])")
 

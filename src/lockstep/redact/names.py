@@ -1,5 +1,4 @@
-"""Which names are secret, and how a secret is shown: `<redacted:HMAC>`, 64 bits of HMAC-SHA256
-under a key that no output contains (see `lockstep.redact`)."""
+"""Which names are secret, and how a secret is shown: `<redacted:HMAC>`."""
 
 from __future__ import annotations
 
@@ -11,9 +10,7 @@ import os
 import re
 import secrets
 
-# Words that make a name secret, matched as whole parts of it: `HF_TOKEN`, `apiKey`, `db-pass`,
-# `X-Amz-Signature`, `credentials`, `GH_PAT`, `CI_JOB_JWT`; but not `tokenizers` or `keyring`
-# (package names).
+# Words that make a name secret, as whole parts of it (`apiKey`, not `tokenizers`).
 _WORDS = frozenset(
     {
         *("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "PASS", "PGPASS"),
@@ -22,21 +19,18 @@ _WORDS = frozenset(
         *("PW", "PSW", "PSWD", "PAT", "JWT", "WEBHOOK"),
     }
 )
-# Plurals that still name a secret (`credentials`, `api_keys`); `tokens` counts tokens.
+# Plurals that still name a secret; `tokens` counts tokens.
 _PLURALS = _WORDS - {"TOKEN"}
-# A KEY that names no secret after these (`env_key`, `sort_key`, `ssh_public_key`).
+# A KEY that names no secret after these (`env_key`, `ssh_public_key`).
 _PLAIN_KEYS = frozenset(
     {"ENV", "CACHE", "SORT", "PRIMARY", "FOREIGN", "PARTITION", "GROUP", "LOOKUP", "DICT"}
     | {"INDEX", "HASH", "PUBLIC", "METRIC", "CONFIG", "ROW", "COLUMN", "FIELD"}
 )
-# A name ending in these is an exception's or a warning's (`KeyError`, `TokenExpiredError`), or
-# names where a secret is kept or how it is fetched, not the secret (`LOCKSTEP_JOB_KEY_FILE`,
-# `--token-command`, Slurm's `AuthType`/`AuthInfo`).
+# Endings of names that hold no secret (`KeyError`, `KEY_FILE`, `--token-command`).
 _NOT_A_VALUE = frozenset(
     {"ERROR", "EXCEPTION", "WARNING", "FILE", "PATH", "DIR", "COMMAND", "CMD", "TYPE", "INFO"}
 )
-# One word that ends in one of these names a secret too: Docker's `identitytoken` and
-# `registrytoken`, `clientsecret`, `dbpassword` (a name written without separators).
+# One word ending in these names a secret too (Docker's `identitytoken`).
 _SUFFIXES = ("TOKEN", "SECRET", "PASSWORD", "PASSWD")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
 _PARTS = re.compile(r"[^A-Z0-9]+")
@@ -53,7 +47,7 @@ def _key() -> bytes:
 
 
 def is_secret_name(name: object) -> bool:
-    """Whether a name (of a variable, key, flag or query parameter) looks secret."""
+    """Whether a name looks secret."""
     return isinstance(name, str) and _secret_name(name)
 
 
@@ -74,7 +68,7 @@ def _secret_name(name: str) -> bool:
 
 
 def fingerprint_of(value: object) -> str:
-    """64 bits of HMAC-SHA256 under the job's or the user's key: equal values give equal text."""
+    """64 bits of HMAC-SHA256 under the job's or the user's key."""
     text = value if isinstance(value, str) else repr(value)
     return hmac.new(_key(), text.encode(), hashlib.sha256).hexdigest()[:16]
 

@@ -1,13 +1,5 @@
-"""A kept log scrubbed as it is written, so that no moment leaves a secret on disk, a SIGKILL
-of lockstep included: the writers (ranks, a launcher) write into a pipe, a thread of lockstep
-reads it and writes the scrubbed text to the log, created 0600 (`scrubbing_fifo`).
-
-`LineScrubber` writes whole lines only, and holds back the lines of a secret that spans several
-until it is complete: a private key (BEGIN to END, or a body without its BEGIN line), a YAML
-block scalar under a secret name, a secret's name ending a line (its value may open the next).
-What it holds is scrubbed with the rest when the secret ends or the stream does; past
-`HOLD_MAX` it is scrubbed then and the rest of that secret redacted line by line. A lockstep
-killed meanwhile loses what it held; it never writes it raw."""
+"""A kept log scrubbed as it is written: no moment leaves a secret on disk.
+Design: docs/design/redaction.md."""
 
 from __future__ import annotations
 
@@ -27,10 +19,10 @@ from lockstep.redact.forms import FULL_LINE, body_continues, body_line
 from lockstep.redact.names import is_secret_name, redacted
 from lockstep.redact.text import _BLOCK, add_secret_value, scrub_text
 
-HOLD_MAX = 256 * 1024  # characters held at most for one secret (a 16384-bit key's are 13 KB)
+HOLD_MAX = 256 * 1024  # characters held at most for one secret
 _KEY_MARK = re.compile(r"-----(?P<mark>BEGIN|END) [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----")
 _WORD = re.compile(r"[\w.-]+")
-# Words after which `text`'s forms look for the value across a line break (`\s*`).
+# Words whose value `text`'s forms take across a line break.
 _HEADERS = frozenset({"bearer", "basic", "authorization", "proxy-authorization"})
 _KINDS = ("key", "body", "block", "name")
 
@@ -40,9 +32,7 @@ def _indent(line: str) -> int:
 
 
 def _ends_with_name(line: str) -> bool:
-    """Whether the line ends where `text`'s forms would take a secret's value from the next
-    line: after `NAME=`, a quoted name (`"password":`, `'--token',`), a `--flag` or a header's
-    `Bearer`; not after a word of prose (`... the API key`)."""
+    """Whether a secret's value may open the next line (`NAME=`, `--token`, `Bearer`)."""
     tail = line.rstrip()
     stripped = tail.rstrip("\"'=:,[] \t")
     m = _WORD.match(stripped[-81:][::-1])
@@ -54,12 +44,12 @@ def _ends_with_name(line: str) -> bool:
 
 
 class _Open:
-    """Which secrets spanning lines are open after the lines seen so far."""
+    """Which secrets spanning lines are open."""
 
     def __init__(self) -> None:
-        self.key = False  # inside a private key's BEGIN ... END
-        self.body = False  # a key's body without BEGIN, which the next line may go on
-        self.block: int | None = None  # the indent of a secret block scalar's header
+        self.key = False  # inside BEGIN ... END
+        self.body = False  # a key's body without BEGIN, which may go on
+        self.block: int | None = None  # a secret block scalar's indent
         self.name = False  # the last non-blank line ends with a secret's name
 
     def kind(self) -> str:
@@ -69,7 +59,7 @@ class _Open:
     def update(self, line: str) -> None:
         blank = not line.strip()
         if "-----" in line:
-            for m in _KEY_MARK.finditer(line):  # as `text._PEM`: BEGIN to the first END after
+            for m in _KEY_MARK.finditer(line):  # as `text._PEM`
                 self.key = m["mark"] == "BEGIN" or (self.key and m["mark"] != "END")
         self.body = not self.key and body_continues(line, self.body)
         if self.block is not None and not blank and _indent(line) <= self.block:
@@ -80,8 +70,7 @@ class _Open:
             self.name = _ends_with_name(line)
 
     def carry(self, kind: str, line: str) -> tuple[bool, bool]:
-        """For a secret of `kind` written unfinished (`HOLD_MAX`): whether `line` is part of
-        it, and whether it goes on after `line`."""
+        """For a secret written unfinished: whether `line` is part of it, and goes on."""
         if kind == "key":
             self.update(line)
             return True, self.key  # the END line too
@@ -91,37 +80,36 @@ class _Open:
         if kind == "block":
             part = not line.strip() or _indent(line) > (self.block or 0)
             return part, part
-        return bool(line.strip()), not line.strip()  # a name: the next non-blank line
+        return bool(line.strip()), not line.strip()  # a name's: the next non-blank line
 
 
 class LineScrubber:
-    """Bytes in, scrubbed bytes out: `feed` returns what may be written now, `close` the
-    rest (see the module docstring)."""
+    """Bytes in, scrubbed whole lines out; `close` gives the rest."""
 
     def __init__(self, hold_max: int = HOLD_MAX) -> None:
         self._partial: list[bytes] = []  # a line not ended yet, as written
         self._partial_size = 0
-        self._ready: list[str] = []  # lines no open secret spans: scrubbed at the feed's end
+        self._ready: list[str] = []  # lines no open secret spans
         self._held: list[str] = []  # lines of an open secret
         self._size = 0
         self._open = _Open()
-        self._carry = ""  # the kind of a secret written unfinished at `hold_max`
+        self._carry = ""  # the kind of a secret written unfinished
         self._hold_max = hold_max
 
     def feed(self, data: bytes) -> bytes:
-        end = data.rfind(b"\n") + 1  # only the new bytes are searched: a long line costs once
+        end = data.rfind(b"\n") + 1  # the new bytes only: a long line costs once
         if not end:
             self._partial.append(data)
             self._partial_size += len(data)
             if self._partial_size <= self._hold_max:
                 return b""
-            data = b"".join(self._partial)  # a line that never ends (`\r` updates): cut it
+            data = b"".join(self._partial)  # a line that never ends (`\r` updates)
             end = max(data.rfind(b"\r") + 1, len(data) - self._hold_max // 2)
             self._partial = []
         whole, rest = b"".join([*self._partial, data[:end]]), data[end:]
         self._partial, self._partial_size = ([rest] if rest else []), len(rest)
         out: list[str] = []
-        # split at b"\n" before decoding: no UTF-8 character holds that byte
+        # cut at b"\n" before decoding: safe in UTF-8
         lines = whole.decode("utf-8", "replace").split("\n")
         for line in lines[:-1]:
             self._line(line, "\n", out)
@@ -162,23 +150,21 @@ class LineScrubber:
         if not kind or self._size > self._hold_max:
             self._ready += self._held
             self._held, self._size = [], 0
-        if kind and not self._held:  # past `hold_max`: written now, the rest redacted
+        if kind and not self._held:  # past `hold_max`: the rest redacted
             self._flush(out)
             self._carry = kind
-            if kind == "key":  # the scrub took the key to the end of the text
+            if kind == "key":  # the scrub took it to the text's end
                 self._open = _Open()
                 self._open.key = True
 
 
-DRAIN_S = 2.0  # at the block's end: what the writers left in the pipe, read for this long at most
+DRAIN_S = 2.0  # what the writers left, read for this long at most at the end
 READ = 1 << 16
-PIPE_SIZE = 1 << 20  # Linux's most for a user (/proc/sys/fs/pipe-max-size); 64 KB without it
+PIPE_SIZE = 1 << 20  # Linux's most for a user (/proc/sys/fs/pipe-max-size)
 
 
 class _Pump(threading.Thread):
-    """Reads the pipe, writes the scrubbed text to the log, until `stop`. Never raises nor
-    prints: lockstep's stderr may be this very pipe (`ranks._job_process`), so a traceback
-    written there would wait on a reader that is gone."""
+    """Reads the pipe into the log, scrubbed; never raises nor prints (stderr may be the pipe)."""
 
     def __init__(self, pipe: int, log: int) -> None:
         super().__init__(name="lockstep-log-scrub", daemon=True)
@@ -206,7 +192,7 @@ class _Pump(threading.Thread):
     def stop(self) -> None:
         os.write(self.wake_w, b"x")
         self.join(timeout=30)
-        if not self.is_alive():  # else its descriptors stay open: never another file's number
+        if not self.is_alive():  # else they stay open: never another file's number
             for fd in (self.wake_r, self.wake_w):
                 os.close(fd)
 
@@ -236,7 +222,7 @@ class _Pump(threading.Thread):
 
 
 def _create_private(path: Path) -> int:
-    """`path` made anew, 0600: a file there before is replaced, a link there never followed."""
+    """`path` made anew, 0600, never through a link."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -245,12 +231,9 @@ def _create_private(path: Path) -> int:
 
 @contextlib.contextmanager
 def scrubbing_fifo(path: str | os.PathLike) -> Iterator[Path]:
-    """A named pipe (in a private temporary folder) whose writers' output lands in `path`,
-    created 0600, scrubbed as it comes (`LineScrubber`). When the block ends, however it ends,
-    what the writers left in the pipe and what was held are written, scrubbed, and the pipe
-    is removed; a writer that outlives the block writes into a pipe no one reads."""
+    """A named pipe whose writers' output lands in `path`, scrubbed."""
     env_key = os.environ.get("LOCKSTEP_JOB_KEY", "").strip()
-    if env_key:  # a launch swaps the environment (`ranks._job_process`) while the thread reads
+    if env_key:  # a launch swaps the environment while the thread reads
         add_secret_value(env_key)
     log = _create_private(Path(path))
     folder = tempfile.mkdtemp(prefix="lockstep-log-")
@@ -258,7 +241,7 @@ def scrubbing_fifo(path: str | os.PathLike) -> Iterator[Path]:
     try:
         fifo = os.path.join(folder, "output")
         os.mkfifo(fifo, 0o600)
-        # read and write: opening waits for no writer, and reading sees no end between two
+        # read and write: opening waits for no writer, reading sees no end between writers
         pipe = os.open(fifo, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
         with contextlib.suppress(AttributeError, OSError):  # a burst waits less on the thread
             fcntl.fcntl(pipe, fcntl.F_SETPIPE_SZ, PIPE_SIZE)

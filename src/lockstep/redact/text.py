@@ -1,5 +1,5 @@
-"""Secrets inside free text (logs, error lines, tracebacks' source lines, values of names that
-are not secret): each form is found in one pass, so a scrub stays linear in the text's length."""
+"""Secrets inside free text, each form found in one pass (linear in the text's length).
+Design: docs/design/redaction.md."""
 
 from __future__ import annotations
 
@@ -12,39 +12,37 @@ import stat
 from lockstep.redact.forms import pem_bodies, user_passwords, wandb_logins
 from lockstep.redact.names import is_secret_name, redacted
 
-# Upper-case verdicts that open a line of lockstep's own (`PASS: ...`): `PASS` is no password there.
+# lockstep's verdict lines (`PASS: ...`): no password.
 _VERDICTS = frozenset({"PASS"})
 _PEM = re.compile(
     r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----.*?"
     r"(-----END [A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----|\Z)",
     re.DOTALL,
 )
-# scheme://user:password@host: the password may hold '@', '/', ':' or spaces, so it runs to the
-# last '@' on the line that is followed by a host name (not by an image digest, `@sha256:`).
-# Matched by `_url_line` in one pass over each line: the scheme, the user, then that '@'.
+# user:password@host: the password runs to the line's last '@' before a host.
 _SCHEME = re.compile(r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]*://")
 _USER = re.compile(r"[^\s/@:]*")
 _AT_HOST = re.compile(r"@(?!sha(?:256|384|512):)(?=[A-Za-z0-9\[][\w.\-\]:]*(?:[/?#:\s\"',;)]|$))")
-# Tokens whose shape alone says what they are, wherever they stand.
+# Tokens known by their shape.
 _TOKEN_SHAPES = re.compile(
-    r"(?:(?<![\w-])|(?<=/bot))(?:"  # (a Telegram bot's token in its API's URL)
+    r"(?:(?<![\w-])|(?<=/bot))(?:"  # (Telegram's API URL)
     r"gh[pousr]_[A-Za-z0-9]{20,}"  # GitHub
     r"|github_pat_[A-Za-z0-9_]{20,}"
     r"|hf_(?=[A-Za-z]*\d)[A-Za-z0-9]{20,}|(?:hf|api_org)_[A-Za-z0-9]{34}(?!\w)"  # Hugging Face
     r"|\d{5,16}:A[\w-]{32,36}(?![\w-])"  # Telegram bots
     r"|[MNO](?=[A-Za-z_-]*\d)[\w-]{23,25}\.[\w-]{6}\.[\w-]{27,38}(?![\w-])"  # Discord bots
-    # AWS session tokens: base64 of a binary blob naming `origin_ec` or `er/aws` early on
+    # AWS session tokens: base64 naming `origin_ec` or `er/aws` early on
     r"|(?<![+/=])[A-Za-z0-9+/]{4}(?:b3JpZ2luX2Vj|ZXIvYXdz)[A-Za-z0-9+/]{80,}={0,2}"
     r"|sk-(?=[A-Za-z_-]*\d)[A-Za-z0-9_-]{20,}"  # OpenAI, Anthropic
     r"|[sr]k_(?:live|test)_[A-Za-z0-9]{16,}"  # Stripe
     r"|xox[abposre]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,}"  # Slack
     r"|gl(?:pat|ptt|dt|rt)-[A-Za-z0-9_-]{20,}"  # GitLab
-    r"|(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])"  # AWS access key ids
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Za-z])"  # AWS key ids
     r"|npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,}|AIza[0-9A-Za-z_-]{35}"
-    r"|ya29\.[0-9A-Za-z_-]{20,}"  # Google OAuth access tokens
+    r"|ya29\.[0-9A-Za-z_-]{20,}"  # Google OAuth
     r"|dapi[0-9a-f]{32}(?:-\d+)?"  # Databricks
     r"|SG\.[\w-]{16,}\.[\w-]{16,}"  # SendGrid
-    r"|SK[0-9a-fA-F]{32}(?![0-9A-Za-z])"  # Twilio API keys
+    r"|SK[0-9a-fA-F]{32}(?![0-9A-Za-z])"  # Twilio
     r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"  # JWT
     r")"
 )
@@ -52,22 +50,18 @@ _WEBHOOK = re.compile(
     r"\bhttps?://(?:hooks\.slack(?:-gov)?\.com/(?:services|workflows|triggers)/"
     r"|(?:[\w-]+\.)?discord(?:app)?\.com/api/webhooks/)(?P<v>[\w/-]+)"
 )
-# YAML's block scalars under a secret name: `secret: |` and the lines indented below it.
+# YAML's block scalar header: `secret: |`.
 _BLOCK = re.compile(
     r"^(?P<indent>[ \t]*)(?:-[ \t]+)?(?P<q>[\"']?)(?P<name>[\w.-]+)(?P=q)[ \t]*:[ \t]*"
     r"[|>][-+0-9]*[ \t]*(?:#[^\n]*)?$",
     re.MULTILINE,
 )
 
-# Each form below is a pattern for a name and what separates it from its value (group `name`,
-# and `q` for a quoted name), and a pattern for the value, matched only after a secret name:
-# a name that is not secret is stepped over and the search goes on inside its value
-# (`--set a=1,password=x`, `Config(api_key='x')`, `...;AccountKey=...`). One pass over the text
-# per form, so the scrub stays linear in its length.
+# A form: a name and its separator (groups `name`, `q`), then a value matched after a secret
+# name only; past any other name the search goes on inside its value.
 _DQ = r"\"(?:[^\"\\\n]|\\.)*\""
 _SQ = r"'(?:[^'\\\n]|\\.)*'"
-# A quoted value inside a string's repr or in JSON, its quotes escaped: \'x\', \"x\"; and in
-# a shell-quoted argument, '"'"'x'"'"' (`shlex.quote` of `api_key='x'`).
+# Quotes escaped in a repr or JSON (\'x\', \"x\"), or shell-quoted ('"'"'x'"'"').
 _ESCAPED = (
     r"\\\"(?:[^\"\\\n]|\\[^\"\n])*\\\"|\\'(?:[^'\\\n]|\\[^'\n])*\\'"
     r"|'\"'\"'(?:(?!'\"'\"')[^\n])*'\"'\"'"
@@ -78,17 +72,16 @@ _NULLS = frozenset({"null", "None", "true", "false", "True", "False", "~"})
 SHORT_FLAG_PLAIN = re.compile(r"[/.~$-]|no:|\d+:\d+")  # a path, pytest's -p no:x, a port map
 
 
-# .netrc: `machine h login u password X` on one line, or `password X` opening a line of its own.
+# .netrc lines
 _NETRC = re.compile(
     r"(?m)\bmachine[ \t]+\S+[ \t]+(?:login[ \t]+\S+[ \t]+)?(?:account[ \t]+\S+[ \t]+)?"
     r"password[ \t]+(?P<v>[^\s<]\S*)"
     r"|^[ \t]*(?:login[ \t]+\S+[ \t]+)?password[ \t]+(?P<w>[^\s<]\S*)[ \t]*$"
 )
-# A password glued to its flag: `mysql -pX` (after mysql, mysqldump, mariadb... on its line only:
-# `-pthread` is gcc's). Found line by line from the command on, so the scrub stays linear.
+# `mysql -pX`: after a MySQL client on its line only (`-pthread` is gcc's).
 _MYSQL = re.compile(r"\b(?:mysql|mariadb)\w*")
 _GLUED_P = re.compile(r"(?<=[ \t])-p(?P<v>[^\s\"'<][^\s\"']*)")
-# A bare base64 word that decodes to printable `user:secret` (HTTP Basic credentials).
+# A bare base64 word; HTTP Basic's `user:secret`.
 _BASE64 = re.compile(
     r"(?<![\w+/=-])(?:[A-Za-z0-9+/]{4}){3,}(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?(?![\w+/=-])"
 )
@@ -108,7 +101,7 @@ _FORMS = (
         r"[^\n\"']+",
         flags=re.IGNORECASE,
     ),
-    _Form(  # a bearer token: a digit in it, or long (`bearer tokens` is prose)
+    _Form(  # a bearer token: a digit in it, or long
         r"\b(?P<name>bearer|basic)\s+",
         r"(?=[A-Za-z._~+/=:-]*\d)[A-Za-z0-9._~+/=:-]{6,}|[A-Za-z0-9._~+/=:-]{16,}",
         flags=re.IGNORECASE,
@@ -122,9 +115,9 @@ _FORMS = (
         r"\[\s*(?P<q>[\"'])(?P<name>[^\"'\n]{1,80})(?P=q)\s*\]\s*=(?!=)\s*",
         rf"{_QUOTED}|[^\s,;)\]]+",
     ),
-    _Form(  # ['--token', 'x'] (an argv's repr, escaped in a repr too), setdefault("TOKEN", "x")
+    _Form(  # ['--token', 'x'] (an argv's repr), setdefault("TOKEN", "x")
         r"\\?(?P<q>[\"'])(?P<name>-{0,2}[A-Za-z_][\w.-]{0,79})\\?(?P=q)\s*,\s*",
-        rf"(?:{_QUOTED})(?!\s*:)",  # not the next key of a JSON object: `"field": "X_TOKEN", "value": ...`
+        rf"(?:{_QUOTED})(?!\s*:)",  # not the next key of a JSON object
         "pair",
     ),
     _Form(r"[?&;](?P<name>[\w.-]+)=", r"[^&#\s\"']+"),  # signed URLs' query parameters
@@ -132,7 +125,7 @@ _FORMS = (
         r"(?<![\w.-])-{0,2}(?P<name>[A-Za-z_][\w.-]*)\s*=(?!=)\s*",
         rf"{_ESCAPED}|[rRbBuU]{{0,2}}\"[^\"\n]*\"|[rRbBuU]{{0,2}}'[^'\n]*'|[^\s\"'\\`]+",
     ),
-    _Form(  # NAME: value (YAML: to the end of the line, or of the JSON string it is in)
+    _Form(  # NAME: value (YAML), to the line's end
         r"(?<![\w.-])-{0,2}(?P<name>[A-Za-z_][\w.-]*)[ \t]*:[ \t]+",
         rf"{_ESCAPED}|\"[^\"\n]*\"|'[^'\n]*'|(?:[^\n\"\\`]|\\[^\"\n])+",
         "yaml",
@@ -146,42 +139,41 @@ _FORMS = (
         rf"{_ESCAPED}|\"[^\"\n]*\"|'[^'\n]*'|[^\s\"'\\`][^\s\"'\\`]*",
         "short",
     ),
-    _Form(  # NAME:value, no space (`password:x`); not `host:port` or `scheme://`
+    _Form(  # NAME:value, no space; not `host:port` or `scheme://`
         r"(?<![\w.:/-])(?P<name>[A-Za-z_][\w.-]*):(?![\s:/])",
         rf"{_ESCAPED}|\"[^\"\n]*\"|'[^'\n]*'|[^\s\"',;\\`]+",
         "colon",
     ),
-    _Form(  # NAME<TAB>value (a table of names and values)
+    _Form(  # NAME<TAB>value
         r"(?<![\w.-])(?P<name>[A-Za-z_][\w.-]*)\t+",
         r"[^\s]+",
     ),
-    _Form(  # name%3Dvalue, URL-encoded (stops at an encoded '&')
+    _Form(  # name%3Dvalue, URL-encoded
         r"(?:(?<![\w.%-])|(?<=%[0-9A-Fa-f]{2}))(?P<name>[A-Za-z_][\w.-]*)%3[dD]",
         r"(?:[^&\s\"'%]|%(?!26)[0-9A-Fa-f]{2})+",
     ),
-    _Form(  # wandb's "Invalid API key <key>", "API key is <key>"
+    _Form(  # wandb's "API key is <key>"
         r"(?i)\b(?P<name>api[ -]key)(?:[ \t]+is)?[ \t]*:?[ \t]+",
         r"(?=[A-Za-z_-]*\d)[\w-]{8,}",
     ),
 )
 
-# A documented form's placeholder (`KEY=VALUE`, `--set key=value`, `api_token=...`), no secret.
+# A documented form's placeholder (`KEY=VALUE`, `api_token=...`).
 _PLACEHOLDERS = frozenset({"value", "VALUE", "val", "VAL", "...", "\u2026", "<value>", "X", "x"})
 _FIRST_WORD = re.compile(r"[\w.-]*")
-# A name that is no English word: `DB_PASS`, `api-key`, `db.password`, `TOKEN`, `apiKey`.
+# A name that is no English word (`DB_PASS`, `apiKey`).
 _IDENTIFIER = re.compile(r".+[_.-].+|[A-Z0-9]{2,}|[a-z]+[A-Z]\w*")
-# Code, not a value: a string literal's prefix (`key = f"{x}"`) or a call (`key = make(x)`).
+# Code, not a value: `key = f"{x}"`, `key = make(x)`.
 _CODE = re.compile(r"(?:[fF][rR]?|[rR][fF])(?=[\"'])|[A-Za-z_][\w.]*\(")
 
 
 def _placeholder(value: str) -> bool:
-    """A documented form's placeholder, perhaps with the sentence's punctuation after it."""
+    """A placeholder, perhaps followed by punctuation."""
     return value in _PLACEHOLDERS or (value[-1] in ",.;:)" and value[:-1] in _PLACEHOLDERS)
 
 
 def _reference(word: str) -> bool:
-    """A secret's name used as a value (`HF_TOKEN`, `secrets.DB_PASSWORD`, `key_fields`): an
-    identifier without digits, which a secret's value rarely is."""
+    """A secret's name used as a value (`secrets.DB_PASSWORD`)."""
     return (
         is_secret_name(word)
         and not any(c.isdigit() for c in word)
@@ -190,9 +182,7 @@ def _reference(word: str) -> bool:
 
 
 def _structural(text: str, start: int) -> bool:
-    """Whether a name at `start` stands where a YAML key or a log's field does (a line's start,
-    a list item, after `{ , ; ( [ :` or a quote), not inside prose (`the user's key: ...`);
-    elsewhere only a name that is no English word counts (`_IDENTIFIER`)."""
+    """Whether a name at `start` stands where a YAML key or a log's field does."""
     i = start
     while i > 0 and text[i - 1] in " \t":
         i -= 1
@@ -204,20 +194,20 @@ def _structural(text: str, start: int) -> bool:
 def _replacement(form: _Form, m: re.Match, value: str) -> str | None:
     """What a secret value after `m` becomes, or None to leave it."""
     if not form.kind and _CODE.match(m.string, m.end()):
-        return None  # a line of source code (a traceback's), not a secret
+        return None  # source code (a traceback's line)
     if form.kind == "yaml" and not (
         _structural(m.string, m.start()) or _IDENTIFIER.fullmatch(m["name"])
     ):
         return None
     if value.lstrip("\"'").startswith("$"):
-        return None  # `$DB_PASS`, `${{ secrets.X }}`: a reference to a secret, not one
+        return None  # `$DB_PASS`, `${{ secrets.X }}`: a reference
     if form.kind in ("yaml", "colon") and _reference(_FIRST_WORD.match(value).group()):
-        return None  # `token: HF_TOKEN` names where the secret is, it is not one
+        return None  # `token: HF_TOKEN` names where the secret is
     if form.kind == "colon" and value.isdigit() and "." in m["name"] + value:
         return None  # host.name:port
     if form.kind == "yaml":
         if m["name"] in _VERDICTS:
-            return None  # a verdict line (`PASS: 2 ranks on 1 node`), not a password
+            return None
         value = value.rstrip()
         if value in _NULLS or (value[:1] in "|>" and not value.strip("|>-+0123456789")):
             return None  # nothing to hide; a block scalar is `_blocks`'
@@ -234,7 +224,7 @@ def _replacement(form: _Form, m: re.Match, value: str) -> str | None:
     if len(inner) < 2 or inner.startswith("<redacted:") or _placeholder(inner):
         return None
     if form.kind == "json" and not quote:
-        quote = m["q"]  # a bare number under a quoted name: still valid JSON once quoted
+        quote = m["q"]  # a bare number under a quoted name: valid JSON once quoted
     return f"{quote}{redacted(inner)}{quote}"
 
 
@@ -261,7 +251,7 @@ def _sub(form: _Form, text: str) -> str:
 
 
 def _url_line(line: str) -> str:
-    """A line's URL credentials redacted, in one pass (see `_SCHEME`)."""
+    """A line's URL credentials redacted."""
     ats = [m.start() for m in _AT_HOST.finditer(line)]
     if not ats:
         return line
@@ -271,7 +261,7 @@ def _url_line(line: str) -> str:
         start = m.end()
         user = _USER.match(line, start).end()
         if user < len(line) and line[user] == ":" and last > user:
-            at = last  # user:password@, the password running to the last '@' before a host
+            at = last  # user:password@
         elif user > start and user in hosts:
             at = user  # token@
         else:
@@ -284,14 +274,14 @@ def _url_line(line: str) -> str:
 
 
 def _blocks(text: str) -> str:
-    """YAML block scalars under secret names: the indented lines below `secret: |` go."""
+    """YAML block scalars under secret names redacted."""
     out, done, pos = [], 0, 0
     while (m := _BLOCK.search(text, pos)) is not None:
         pos = m.end() + 1
         if not is_secret_name(m["name"]):
             continue
         depth, end, body = len(m["indent"]), m.end(), []
-        while end < len(text):  # the block: the lines indented deeper (blank ones within)
+        while end < len(text):  # the lines indented deeper, blank ones within
             stop = text.find("\n", end + 1)
             line = text[end + 1 : len(text) if stop < 0 else stop]
             if line.strip() and len(line) - len(line.lstrip(" \t")) <= depth:
@@ -312,15 +302,14 @@ def _blocks(text: str) -> str:
     return "".join(out)
 
 
-# Secrets known by value (preflight's job key), replaced wherever they stand; the environment's
-# `LOCKSTEP_JOB_KEY` counts too, so a process that never loaded it still keeps it out.
+# Secrets known by value (preflight's job key).
 _KNOWN: set[str] = set()
 _KEY_ENV = "LOCKSTEP_JOB_KEY"
 _MIN_KNOWN = 8  # shorter values would redact ordinary words
 
 
 def add_secret_value(value: str) -> None:
-    """Keep `value` (a key lockstep holds) out of every scrubbed text from now on."""
+    """Redact `value` wherever it stands from now on."""
     if len(value) >= _MIN_KNOWN:
         _KNOWN.add(value)
 
@@ -333,9 +322,7 @@ def _known_values(text: str) -> str:
     return text
 
 
-# The job key's file (`LOCKSTEP_JOB_KEY_FILE`) counts too: its text, read once a process per
-# path, so a process that never loaded the key (one the job runs after preflight, a report
-# writer) keeps it out as well. A regular file only, without blocking, at most 4 KiB.
+# The job key file's text, read once a process per path.
 _KEY_FILE_ENV = "LOCKSTEP_JOB_KEY_FILE"
 _FILE_KEYS: dict[str, str] = {}
 
@@ -359,8 +346,7 @@ def _key_file_text() -> str:
 
 
 def scrub_text(text: str) -> str:
-    """Replace every secret that free text may carry (see the module docstring), in time linear
-    in its length."""
+    """`text` with every secret in it redacted."""
     if not isinstance(text, str):
         text = str(text)
     text = _known_values(text)
@@ -386,7 +372,6 @@ def scrub_text(text: str) -> str:
 
 
 def _group_v(m: re.Match) -> str:
-    """The match with its group `v` or `w` (the secret) redacted."""
     g = "v" if m["v"] is not None else "w"
     whole, start, end = m.group(0), m.start(g) - m.start(), m.end(g) - m.start()
     return whole[:start] + redacted(m[g]) + whole[end:]
@@ -401,9 +386,7 @@ def _mysql_line(line: str) -> str:
 
 
 def _basic_credentials(m: re.Match) -> str:
-    """A base64 word redacted when it decodes to printable `user:secret`, or to JSON with a
-    secret inside (a Kubernetes `.dockerconfigjson`, whose `auth` is base64 again: each level
-    is 3/4 of the one above, so the scrub stays linear); else left as it is."""
+    """A base64 word redacted when it decodes to `user:secret` or to JSON holding a secret."""
     try:
         decoded = base64.b64decode(m.group(0), validate=True).decode("utf-8")
     except (binascii.Error, UnicodeDecodeError):
@@ -416,8 +399,7 @@ def _basic_credentials(m: re.Match) -> str:
 
 
 def escape_controls(name: str) -> str:
-    """A name to show on a terminal: control characters (escape codes, newlines) as `\\xNN`
-    escapes, so a name never moves the cursor, colours the screen or forges a line."""
+    """A name for a terminal: its control characters as `\\xNN` escapes."""
     if name.isprintable():
         return name
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)

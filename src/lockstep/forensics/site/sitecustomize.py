@@ -1,8 +1,5 @@
 """Put first on a rank's PYTHONPATH by lockstep (`forensics.collect.environ`): installs the
-flight-recorder watcher in a user's script started as a new interpreter, then runs the
-`sitecustomize` this one shadows, if any. Every interpreter the rank starts runs this too
-(helpers, dataloader workers spawned fresh): the watcher arms in the rank's own only
-(`recorder.install_from_env`)."""
+flight-recorder watcher, then runs the `sitecustomize` this one shadows, if any."""
 
 import importlib.util
 import os
