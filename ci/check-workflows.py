@@ -14,7 +14,9 @@ remote reusable workflow or a local one that does.
 2. Every `uses:` of a remote action or workflow is pinned by a full 40-hex commit SHA.
 3. Code of the commit under test never runs beside a token, and never decides an image. A checkout
 whose `ref:` is an expression (other than github.sha / github.ref) or another repository fetches
-code someone else chose: a pull request's head, dispatched for a GPU run; so does `gh pr checkout`,
+code someone else chose: a pull request's head, dispatched for a GPU run (a called workflow's own
+`repository: ${{ job.workflow_repository }}` at `ref: ${{ job.workflow_sha }}` is not: it is the
+definition's code); so does `gh pr checkout`,
 `git fetch ... pull/...` or a `git checkout` of a variable in a step (taken as the workspace root),
 and `actions/download-artifact` of another run (`run-id:`, or in a `workflow_run` workflow, whose
 triggering run may be a pull request's). Such a checkout keeps no credentials
@@ -56,6 +58,9 @@ MAINTAINER_EVENTS = ("push", "schedule", "workflow_dispatch", "workflow_call")
 PINNED = re.compile(r"^[^@\s]+@[0-9a-f]{40}$")
 TOKEN = re.compile(r"\$\{\{[^}]*?(?<![\w.])(?:secrets\b|github\.token\b)")
 TRUSTED_REFS = {"${{ github.sha }}", "${{ github.ref }}", "main", "refs/heads/main"}
+# A called workflow's own repository at its own commit (what GitHub resolved for the caller's
+# `uses:`): the code its definition came from, as trusted as github.sha is for a workflow.
+OWN_CHECKOUT = ("${{job.workflow_repository}}", "${{job.workflow_sha}}")
 # Shell that includes a file into the running shell: `source f`, `. f`, `source <(cmd)`.
 SOURCES = re.compile(r"(?:^|[\s;&|({])(?:source|\.)\s+(?:<\(|[^\s;&|]+)", re.MULTILINE)
 # Shell that fetches code chosen elsewhere into the working folder.
@@ -120,6 +125,9 @@ def untrusted_checkout(step: dict, cross_run: bool = False) -> str | None:
     if not is_checkout(step):
         return None
     ref = str(options.get("ref", "")).strip()
+    own = tuple(re.sub(r"\s", "", str(options.get(k, ""))) for k in ("repository", "ref"))
+    if own == OWN_CHECKOUT:
+        return None
     if "repository" in options or (ref and ref not in TRUSTED_REFS):
         return folder(str(options.get("path", "")))
     return None

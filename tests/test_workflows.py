@@ -393,8 +393,8 @@ def test_every_action_is_pinned_on_a_current_major():
     for path in [*WORKFLOWS.glob("*.yml"), ROOT / "action.yml"]:
         found = re.findall(r"^\s*(?:- )?uses: (\S+)(?: # (\S+))?", path.read_text(), re.M)
         for ref, comment in found:
-            if ref == "./":  # the repository's own action, at the commit under test
-                continue
+            if ref.startswith("./"):  # a local action: this repository's, or lockstep-gpu.yml's
+                continue  # checkout of lockstep at the workflow's own commit
             name, _, sha = ref.partition("@")
             assert re.fullmatch(r"[0-9a-f]{40}", sha), f"{path.name}: {ref}"
             assert comment.startswith(f"v{majors[name]}."), f"{path.name}: {ref} # {comment}"
@@ -746,3 +746,55 @@ def test_actionlint_reads_the_action_through_a_workflow_that_uses_it(tmp_path):
     planted.write_text(selftest.read_text().replace("check: determinism", "chek: determinism"))
     bad = subprocess.run([*actionlint, str(planted)], cwd=repo, capture_output=True, text=True)
     assert bad.returncode == 1 and '"chek"' in bad.stdout, bad.stdout
+
+
+# A called workflow's own repository at its own commit (lockstep-gpu.yml's `decide` job): its
+# scripts may run with a token in a job that picks an image; any other repository or ref may not.
+OWN_REPO = "${{ job.workflow_repository }}"
+OWN_SHA = "${{ job.workflow_sha }}"
+
+
+def own_checkout_job(repository: str, ref: str) -> str:
+    return (
+        "on: workflow_call\npermissions: {}\njobs:\n  decide:\n    runs-on: ubuntu-24.04\n"
+        "    outputs: {image: '${{ steps.d.outputs.image }}'}\n    steps:\n"
+        f"      - uses: {CHECKOUT}\n        with:\n          persist-credentials: false\n"
+        f"          repository: {repository}\n          ref: {ref}\n          path: lockstep\n"
+        f"      - id: d\n{SECRET_ENV}        run: python3 -I lockstep/ci/gpu-pr-gate.py --pr 7\n"
+        "  gpu:\n    needs: decide\n    runs-on: ubuntu-24.04\n"
+        "    container: {image: '${{ needs.decide.outputs.image }}'}\n"
+        "    steps:\n      - run: nvidia-smi\n"
+    )
+
+
+def test_a_called_workflows_own_checkout_may_run_beside_a_token(tmp_path):
+    result = plant(tmp_path, {"own.yml": own_checkout_job(OWN_REPO, OWN_SHA)})
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("repository", "ref"),
+    [("org/other", OWN_SHA), (OWN_REPO, "main"), (OWN_REPO, "${{ inputs.ref }}")],
+)
+def test_another_repository_or_ref_is_code_chosen_elsewhere(tmp_path, repository, ref):
+    result = plant(tmp_path, {"own.yml": own_checkout_job(repository, ref)})
+    assert result.returncode == 1
+    assert "own.yml: job decide step 2 (d): holds a token (env GH_TOKEN)" in result.stderr
+    assert (
+        "own.yml: job decide step 2 (d): runs code of a checkout chosen elsewhere" in result.stderr
+    )
+
+
+def test_a_token_planted_in_the_reusable_gpu_job_is_refused(tmp_path):
+    """lockstep-gpu.yml's GPU job runs the commit from its checkout on: a token there is refused."""
+    text = (WORKFLOWS / "lockstep-gpu.yml").read_text()
+    assert text.count("\n    container:\n") == 1
+    planted_text = text.replace(
+        "\n    container:\n", "\n    env:\n      GH_TOKEN: ${{ github.token }}\n    container:\n"
+    )
+    result = plant(tmp_path, {"lockstep-gpu.yml": planted_text})
+    assert result.returncode == 1
+    assert (
+        "lockstep-gpu.yml: job gpu step lockstep (a NOT JUDGED fails unless allowed, and is never "
+        "a pass): holds a token (job env GH_TOKEN)" in result.stderr
+    ), result.stderr
