@@ -9,7 +9,7 @@ if [[ ! $extras =~ ^[a-z,]*$ ]]; then
   echo "::error::lockstep action: extras '$extras': comma-separated names (train,plot,...)" >&2
   exit 2
 fi
-held="${RUNNER_TEMP:-/tmp}/lockstep-held.txt"
+held="${RUNNER_TEMP:?the runner sets RUNNER_TEMP}/lockstep-held.txt"
 family='^(torch|torchvision|torchaudio|triton|pytorch-triton|nvidia-[a-z0-9-]+)=='
 python -m pip list --format=freeze 2>/dev/null | grep -iE "$family" > "$held" || true
 spec="$LOCKSTEP_SOURCE${extras:+[$extras]}"

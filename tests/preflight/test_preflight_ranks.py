@@ -90,8 +90,16 @@ def test_rank_1_mismatch_exits_1_and_is_named(tmp_path):
         2,
         [0, 1],
         tmp_path,
-        args=["--timeout", "60", "--json", str(report_path), "--min-busbw", "1e6"]
-        + ["--drain-out", str(tmp_path / "drain.txt")],
+        args=[
+            "--timeout",
+            "60",
+            "--json",
+            str(report_path),
+            "--min-busbw",
+            "1e6",
+            "--drain-out",
+            str(tmp_path / "drain.txt"),
+        ],
         per_rank_env={
             0: {"GITHUB_STEP_SUMMARY": str(summary), "TORCH_PLANTED_TOKEN": TOKEN},
             1: {
@@ -254,8 +262,15 @@ def test_a_node_whose_environment_drifts_is_named_to_drain(tmp_path):
         4,
         [0, 1, 2, 3],
         tmp_path,
-        args=["--timeout", "60", "--json", str(report_path), "--no-links"]
-        + ["--drain-out", str(tmp_path / "drain.txt")],
+        args=[
+            "--timeout",
+            "60",
+            "--json",
+            str(report_path),
+            "--no-links",
+            "--drain-out",
+            str(tmp_path / "drain.txt"),
+        ],
         per_rank_env={1: {"NCCL_DEBUG": "INFO"}, 2: {"NCCL_ALGO": "Ring"}},
         per_rank_host={2: "localhost"},
     )
