@@ -361,7 +361,7 @@ def run_size(n: int, per: int = 8, procs: int = 4, threads: int = 8, cap_s: floa
     """One emulated job of `n` ranks; the phases, the ops and the verdict. `hier`: the
     hierarchical check-in (one record a node of `per`, node 0's leader on its real channel);
     else every rank checks in for itself (the flat protocol's traffic)."""
-    checks = [result(c.name, "ok", f"{c.name}: ok (synthetic)") for c in LOCAL_CHECKS]
+    checks = [result(c.name, "ok", f"{c.name}: ok (synthetic)") for c in LOCAL_CHECKS.values()]
     writers = Writers(n, per, procs, threads, stagger_s)
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=True,
                            wait_for_workers=False, timeout=timedelta(seconds=600))  # fmt: skip

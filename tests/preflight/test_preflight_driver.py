@@ -47,7 +47,7 @@ def test_a_driver_below_the_images_minimum_fails_in_one_line(tmp_path, version, 
 
 def test_where_it_applies_and_where_not(tmp_path, monkeypatch):
     info = RankInfo.__new__(RankInfo)
-    assert any(c.name == driver.NAME and c.blocks == ("nccl",) for c in registry.LOCAL_CHECKS)
+    assert registry.LOCAL_CHECKS[driver.NAME].blocks == ("nccl",)
     # The CPU image names no minimum driver: no row.
     monkeypatch.setenv("LOCKSTEP_IMAGE_MANIFEST", str(manifest(tmp_path, "cpu")))
     assert driver.nvidia_driver(info, None) is None

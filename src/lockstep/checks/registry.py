@@ -10,36 +10,28 @@ its functions, and one row of `CHECKS`.
 - `script`: the function that checks a user's script (`check_script(runner, runs, ...)`,
   `--script CMD`, `script_runs.py`) and its default tolerances.
 
-Functions are named here (`Function`) and imported when called: the CLI builds its parser
-from this table, and `lockstep --help` does not import torch.
+Functions are named here (`Function`, a `lockstep.registry.Ref`) and imported when called:
+the CLI builds its parser from this table, and `lockstep --help` does not import torch.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 from lockstep.errors import UsageError
+from lockstep.registry import Ref, Registry
 
 
-@dataclass(frozen=True)
-class Function:
-    """A function of `lockstep.checks.<module>`, imported at its first call (picklable: a
-    launch sends it to its ranks)."""
+class Function(Ref):
+    """A function of `lockstep.checks.<module>`: `Function("resume", "plan")`."""
 
-    module: str
-    name: str
+    def __init__(self, module: str, name: str):
+        super().__init__(f"lockstep.checks.{module}:{name}")
 
     @property
-    def path(self) -> str:
-        """The module's full name."""
-        return f"lockstep.checks.{self.module}"
-
-    def resolve(self):
-        return getattr(importlib.import_module(self.path), self.name)
-
-    def __call__(self, *args, **kwargs):
-        return self.resolve()(*args, **kwargs)
+    def module(self) -> str:
+        """Its module's name in `lockstep.checks` (progress lines show it)."""
+        return self.path.rpartition(".")[2]
 
 
 def rank(module: str) -> Function:
@@ -90,30 +82,27 @@ def on_script(module: str, **options) -> OnScript:
     return OnScript(Function(module, "check_script"), **options)
 
 
-CHECKS: dict[str, Check] = {
-    c.name: c
-    for c in (
-        Check("determinism", "unseeded data order, sampling or init; nondeterministic kernels",
-              rank=rank("determinism"), script=on_script("determinism")),
-        Check("resume", "a resume that forgets the LR schedule, RNG state, data position or "
-              "optimizer", rank=rank("resume"), plan=plan("resume"),
-              script=on_script("resume")),
-        Check("clip", "gradient clipping on a local shard (every norm type)",
-              rank=Function("clip", "check_clip_norm_types")),
-        Check("equivalence", "a sharded engine computing other numbers than DDP",
-              rank=rank("equivalence")),
-        Check("world-size", "a loss or norm that depends on the world size",
-              rank=rank("world_size"), plan=plan("world_size"),
-              script=on_script("world_size")),
-        Check("accumulation", "gradient accumulation that differs from the large batch",
-              rank=rank("accumulation")),
-        Check("replicas", "replicas that depart: a buffer never broadcast, a rank-dependent "
-              "seed, a gradient left out of averaging", rank=rank("replicas"),
-              script=on_script("replicas", tolerance=None, min_nproc=2)),
-        Check("elastic", "a restart after a killed rank that does not resume exactly",
-              plan=plan("elastic"), min_nproc=(2, "kills rank 1")),
-    )
-}  # fmt: skip
+CHECKS: Registry[Check] = Registry("check", [
+    Check("determinism", "unseeded data order, sampling or init; nondeterministic kernels",
+          rank=rank("determinism"), script=on_script("determinism")),
+    Check("resume", "a resume that forgets the LR schedule, RNG state, data position or "
+          "optimizer", rank=rank("resume"), plan=plan("resume"),
+          script=on_script("resume")),
+    Check("clip", "gradient clipping on a local shard (every norm type)",
+          rank=Function("clip", "check_clip_norm_types")),
+    Check("equivalence", "a sharded engine computing other numbers than DDP",
+          rank=rank("equivalence")),
+    Check("world-size", "a loss or norm that depends on the world size",
+          rank=rank("world_size"), plan=plan("world_size"),
+          script=on_script("world_size")),
+    Check("accumulation", "gradient accumulation that differs from the large batch",
+          rank=rank("accumulation")),
+    Check("replicas", "replicas that depart: a buffer never broadcast, a rank-dependent "
+          "seed, a gradient left out of averaging", rank=rank("replicas"),
+          script=on_script("replicas", tolerance=None, min_nproc=2)),
+    Check("elastic", "a restart after a killed rank that does not resume exactly",
+          plan=plan("elastic"), min_nproc=(2, "kills rank 1")),
+])  # fmt: skip
 
 
 def names(script: bool = False) -> tuple[str, ...]:

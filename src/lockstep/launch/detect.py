@@ -12,7 +12,7 @@ node list and a port derived from the job id, so every rank computes the same pa
 DeepSpeed's CROSS_RANK, SLURM_NODEID); Open MPI has no such variable (its
 OMPI_COMM_WORLD_NODE_RANK is the process's rank *on* its node, 0 and 1 on every node of
 `mpirun -H a:2,b:2`), so there it is None and preflight groups ranks by hostname. The tables in
-tests/launch/data/ were recorded from the real launchers (lockstep.cluster.record).
+tests/launch/data/ were recorded from the real launchers (testbed/lockstep_testbed/record.py).
 `adopt()` also writes the result as torch.distributed's `env://` variables.
 """
 
@@ -21,7 +21,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
+
+from lockstep.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -38,51 +40,44 @@ class RankInfo:
     agent_store: bool = False
 
 
-# (launcher, rank, world size, local rank, local world size, node rank) variable names.
-_SCHEMES = [
-    ("torchelastic", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"),
-    ("deepspeed", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK"),
-    (
-        "openmpi",
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "OMPI_COMM_WORLD_LOCAL_SIZE",
-        None,  # not OMPI_COMM_WORLD_NODE_RANK: that is the rank on the node, not the node's
-    ),
-    (
-        "mvapich",
-        "MV2_COMM_WORLD_RANK",
-        "MV2_COMM_WORLD_SIZE",
-        "MV2_COMM_WORLD_LOCAL_RANK",
-        "MV2_COMM_WORLD_LOCAL_SIZE",
-        None,
-    ),
-    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None, "SLURM_NODEID"),
-    ("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", None),
-    ("pmix", "PMIX_RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", None),
-    ("manual", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", None),
-]
+@dataclass(frozen=True)
+class Scheme:
+    """One launcher's variables: the one that marks it, and those of this rank's place (None:
+    it has none)."""
 
-# What marks each launcher; the first scheme whose marker is set wins (torchrun inside a Slurm
-# allocation is torchelastic, mpirun inside one is openmpi).
-_MARKERS = {
-    "torchelastic": "TORCHELASTIC_RUN_ID",
-    "deepspeed": "CROSS_RANK",
-    "openmpi": "OMPI_COMM_WORLD_RANK",
-    "mvapich": "MV2_COMM_WORLD_RANK",
-    "slurm": "SLURM_PROCID",
-    "pmi": "PMI_RANK",
-    "pmix": "PMIX_RANK",
-    "manual": "RANK",
-}
+    name: str
+    marker: str
+    rank: str
+    world_size: str
+    local_rank: str | None
+    local_world_size: str | None
+    node_rank: str | None
+
+
+# The first launcher whose marker is set wins (torchrun inside a Slurm allocation is
+# torchelastic, mpirun inside one is openmpi).
+SCHEMES: Registry[Scheme] = Registry("launcher", [
+    Scheme("torchelastic", "TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+           "LOCAL_WORLD_SIZE", "GROUP_RANK"),
+    Scheme("deepspeed", "CROSS_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE",
+           "CROSS_RANK"),
+    Scheme("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+           "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+           None),  # not OMPI_COMM_WORLD_NODE_RANK: the rank on the node, not the node's
+    Scheme("mvapich", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
+           "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE", None),
+    Scheme("slurm", "SLURM_PROCID", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None,
+           "SLURM_NODEID"),
+    Scheme("pmi", "PMI_RANK", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", None),
+    Scheme("pmix", "PMIX_RANK", "PMIX_RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", None),
+    Scheme("manual", "RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", None),
+])  # fmt: skip
 
 _GENERIC = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")
 
 # Variables a launcher sets that belong in the fingerprint's env section.
 LAUNCHER_VARIABLES = sorted(
-    {name for scheme in _SCHEMES for name in scheme[1:] if name}
-    | set(_MARKERS.values())
+    {name for scheme in SCHEMES.values() for name in astuple(scheme)[1:] if name}
     | {
         "MASTER_ADDR",
         "MASTER_PORT",
@@ -106,7 +101,7 @@ LAUNCHER_VARIABLES = sorted(
 
 # Launcher variables that differ between ranks by design.
 PER_RANK_VARIABLES = sorted(
-    {name for scheme in _SCHEMES for name in (scheme[1], scheme[3], scheme[5]) if name}
+    {name for s in SCHEMES.values() for name in (s.rank, s.local_rank, s.node_rank) if name}
     | {"ROLE_RANK", "TORCHELASTIC_ERROR_FILE", "OMPI_COMM_WORLD_NODE_RANK"}
 )
 
@@ -114,14 +109,14 @@ PER_RANK_VARIABLES = sorted(
 def detect(environ: Mapping[str, str] | None = None) -> RankInfo | None:
     """The launcher's view of this rank, or None when no launcher variable is set."""
     env = os.environ if environ is None else environ
-    found = next((s for s in _SCHEMES if _MARKERS[s[0]] in env), None)
+    found = next((s for s in SCHEMES.values() if s.marker in env), None)
     if found is None:
         partial = [name for name in _GENERIC if name in env]
         if partial:
             _half_set("manual", partial, ["RANK", "WORLD_SIZE"], env)
         return None
-    launcher, rank_var, size_var, local_var, local_size_var, node_var = found
-    _half_set(launcher, [_MARKERS[launcher]], [rank_var, size_var], env)
+    launcher, marker, rank_var, size_var, local_var, local_size_var, node_var = astuple(found)
+    _half_set(launcher, [marker], [rank_var, size_var], env)
     rank = _int(env, rank_var)
     world_size = _int(env, size_var)
     local_rank = _int(env, local_var) if local_var and local_var in env else None

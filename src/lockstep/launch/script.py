@@ -26,8 +26,8 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from lockstep import track
@@ -44,6 +44,7 @@ from lockstep.launch.forkserver import start_forkserver
 from lockstep.launch.progress import StepReader, watching
 from lockstep.launch.ranks import free_port, run_command, run_launcher
 from lockstep.redact import scrubbing_fifo
+from lockstep.registry import Registry
 
 
 def _torchrun(argv, nproc, log, *, env, timeout, cwd, watch, run_path, forensics=None):
@@ -65,11 +66,21 @@ def _deepspeed(argv, nproc, log, *, env, timeout, cwd, watch, run_path, forensic
     return run_launcher(command, log, env=env, timeout=timeout, cwd=cwd, watch=watch)
 
 
-# name -> function(argv, nproc, log, *, env, timeout, cwd, watch, run_path, forensics): exit
-# code, or None when the launch ran past `timeout` and was killed
-LAUNCHERS = {"torchrun": _torchrun, "deepspeed": _deepspeed}
-# what each launcher needs installed, for the one-line error before any rank starts
-LAUNCHER_EXTRAS = {"deepspeed": {"deepspeed": "its launcher"}}
+@dataclass(frozen=True)
+class Launcher:
+    """`start(argv, nproc, log, *, env, timeout, cwd, watch, run_path, forensics)`: the exit
+    code, or None when the launch ran past `timeout` and was killed. `needs`: what it needs
+    installed ({module: why}), for the one-line error before any rank starts."""
+
+    name: str
+    start: Callable[..., int | None]
+    needs: dict[str, str] = field(default_factory=dict)
+
+
+LAUNCHERS: Registry[Launcher] = Registry("launcher", [
+    Launcher("torchrun", _torchrun),
+    Launcher("deepspeed", _deepspeed, needs={"deepspeed": "its launcher"}),
+])  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -219,9 +230,9 @@ def launch(
         scrubbing_fifo(log) as output,
         _first_step_deadline(first_step, log, forensics, nproc) as missed,
     ):
-        code = LAUNCHERS[launcher](argv, nproc, output, env=env, timeout=timeout, cwd=cwd,
-                                   watch=watch, run_path=run_path,
-                                   forensics=forensics)  # fmt: skip
+        code = LAUNCHERS[launcher].start(argv, nproc, output, env=env, timeout=timeout, cwd=cwd,
+                                         watch=watch, run_path=run_path,
+                                         forensics=forensics)  # fmt: skip
     if missed:
         return Exit(None, log, started, argv, forensics, (first_step[0], missed[0]))
     return Exit(code, log, started, argv, forensics)
@@ -289,10 +300,10 @@ class Script:
             raise UsageError(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
         if run_path and launcher != "torchrun":
             raise UsageError("--run-path is torchrun's: drop it or --launcher deepspeed")
-        if launcher in LAUNCHER_EXTRAS:
+        if LAUNCHERS[launcher].needs:
             from lockstep import extras
 
-            extras.require(f"--launcher {launcher}", LAUNCHER_EXTRAS[launcher])
+            extras.require(f"--launcher {launcher}", LAUNCHERS[launcher].needs)
         self.command = command
         self.launcher = launcher
         self.run_path = run_path

@@ -13,15 +13,17 @@ of `config.EngineConfig`.
 
 This module imports nothing of `lockstep.train`, nor torch nor DeepSpeed (the run config
 validates against it in the launching process, and the engines' interface imports the run
-config): a row names its class as 'module:Class', imported when a rank builds it.
+config): a row names its class as 'module:Class' (`lockstep.registry.Ref`), imported when a
+rank builds it.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
 import warnings
 from dataclasses import dataclass
+
+from lockstep.registry import Ref, Registry
 
 # FSDP2 and DeepSpeed call these collectives on every step; torch 2.13 deprecates the names and
 # warns once per call site and rank, which buries a run's own output. Nothing a user can act on.
@@ -52,12 +54,11 @@ class EngineSpec:
     @property
     def module(self) -> str:
         """The module that defines its class."""
-        return self.engine.partition(":")[0]
+        return Ref(self.engine).path
 
     def engine_class(self) -> type:
         """Its `Engine` subclass (imports its module, and with it torch)."""
-        module, _, cls = self.engine.partition(":")
-        return getattr(importlib.import_module(module), cls)
+        return Ref(self.engine).resolve()
 
 
 # What the three ZeRO rows share: one class (the stage comes from the row), DeepSpeed's clipping.
@@ -71,9 +72,9 @@ _DEEPSPEED = dict(
     preload=("deepspeed.runtime.zero.muon.muon_optimizer",),
 )
 
-ENGINES: dict[str, EngineSpec] = {
-    spec.name: spec
-    for spec in (
+ENGINES: Registry[EngineSpec] = Registry(
+    "engine",
+    [
         EngineSpec(
             "ddp",
             "lockstep.train.engines.ddp:DDPEngine",
@@ -107,16 +108,9 @@ ENGINES: dict[str, EngineSpec] = {
             zero_stage=3,
             **_DEEPSPEED,
         ),
-    )
-}
-
-
-def register(spec: EngineSpec) -> EngineSpec:
-    """Add an engine defined outside this table (a plugin's, a test's); its name is new."""
-    if spec.name in ENGINES:
-        raise ValueError(f"engine '{spec.name}' is already registered")
-    ENGINES[spec.name] = spec
-    return spec
+    ],
+)
+register = ENGINES.register  # an engine defined elsewhere (a plugin's, a test's)
 
 
 def series(items, word: str = "or") -> str:

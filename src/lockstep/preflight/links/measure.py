@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from lockstep.preflight.links.bandwidth import bandwidth
 from lockstep.preflight.links.latency import latency
 from lockstep.preflight.links.pair import Pair
+from lockstep.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -25,24 +26,19 @@ class LinkMeasurement:
     carry: tuple[str, ...] = ()  # fields each link of the report takes from the lower rank
 
 
-MEASUREMENTS: list[LinkMeasurement] = [
-    LinkMeasurement("latency", latency, carry=("latency_us",)),  # first: its warm-up
-    LinkMeasurement("bandwidth", bandwidth),
-]
-
-
-def register(measurement: LinkMeasurement) -> None:
-    """Add `measurement` after those there (a name taken replaces that row, in its place)."""
-    for i, row in enumerate(MEASUREMENTS):
-        if row.name == measurement.name:
-            MEASUREMENTS[i] = measurement
-            return
-    MEASUREMENTS.append(measurement)
+MEASUREMENTS: Registry[LinkMeasurement] = Registry(
+    "link measurement",
+    [
+        LinkMeasurement("latency", latency, carry=("latency_us",)),  # first: its warm-up
+        LinkMeasurement("bandwidth", bandwidth),
+    ],
+)
+register = MEASUREMENTS.register
 
 
 def carried() -> tuple[str, ...]:
     """The fields a link takes from its lower rank's record."""
-    return tuple(field for m in MEASUREMENTS for field in m.carry)
+    return tuple(field for m in MEASUREMENTS.values() for field in m.carry)
 
 
 def measure_pair(dist, torch, device, peer: int, first: bool, nbytes: int) -> dict:
@@ -50,6 +46,6 @@ def measure_pair(dist, torch, device, peer: int, first: bool, nbytes: int) -> di
     it; `first`: this rank is the lower one."""
     pair = Pair(dist=dist, torch=torch, device=device, peer=peer, first=first, nbytes=nbytes)
     record: dict = {"peer": peer}
-    for m in MEASUREMENTS:
+    for m in MEASUREMENTS.values():
         record.update(m.run(pair))
     return record
