@@ -103,10 +103,11 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def cluster(session: nox.Session) -> None:
-    """The cluster tier: a bed of namespace nodes (lockstep.cluster) with real torchrun, Slurm
-    and Open MPI on it. Installs Slurm, munge and Open MPI from Debian first where missing
-    (ci/install-cluster.sh; root). With LOCKSTEP_REQUIRE_CLUSTER=1 (`.ci/run` sets it) a bed
-    that cannot be built is an error, not a skip. Arguments pass through to pytest."""
+    """The cluster tier: a bed of namespace nodes (testbed/, on pytest's path by pyproject.toml)
+    with real torchrun, Slurm and Open MPI on it. Installs Slurm, munge and Open MPI from Debian
+    first where missing (ci/install-cluster.sh; root). With LOCKSTEP_REQUIRE_CLUSTER=1 (`.ci/run`
+    sets it) a bed that cannot be built is an error, not a skip. Arguments pass through to
+    pytest."""
     if os.geteuid() == 0:
         session.run("bash", str(ROOT / "ci" / "install-cluster.sh"), external=True)
     else:
@@ -171,11 +172,14 @@ def lint(session: nox.Session) -> None:
         for p in [*ROOT.glob("ci/*.sh"), *ROOT.glob("docker/*.sh"), ROOT / ".ci" / "run"]
     )
     session.run("shellcheck", *scripts)
-    # The package rules: imports run down the layers of pyproject.toml with no cycle anywhere
-    # (import-linter reads the source; lockstep is not installed here, src/ is the path); no
+    # The package rules: imports run down the layers of pyproject.toml with no cycle anywhere,
+    # and the test bed's own (testbed/importlinter.toml: lockstep never imports it); import-linter
+    # reads the source (lockstep is not installed here, src/ and testbed/ are the path); no
     # module imports another package's private names, nor torch's or DeepSpeed's outside
     # lockstep/compat.py; no module over 450 lines nor function over 80 (ci/check-sizes.py).
-    session.run("lint-imports", env={"PYTHONPATH": str(ROOT / "src")})
+    path = os.pathsep.join(str(ROOT / d) for d in ("src", "testbed"))
+    rules = ("pyproject.toml", "testbed/importlinter.toml")
+    session.run("lint-imports", *rules, env={"PYTHONPATH": path})
     session.run("python", "ci/check-private-imports.py")
     session.run("python", "ci/check-sizes.py")
     session.run("python", "ci/check-tmp-paths.py")  # no script names a fixed path in /tmp

@@ -1,6 +1,6 @@
 """Preflight's time to a verdict on the 4-node cluster bed, beside a bare multi-node torchrun.
 
-On a bed of 4 namespace nodes (lockstep.cluster, root), alternately, --repeat times, each a
+On a bed of 4 namespace nodes (lockstep_testbed, root), alternately, --repeat times, each a
 fresh launch of one torchrun agent per node (--nnodes 4 --nproc-per-node 2, c10d rendezvous on
 ls0), wall time until every agent has exited:
 
@@ -21,9 +21,13 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
-from lockstep.cluster import Cluster
-from lockstep.cluster.launch import start_torchrun
+# The bed is development only (testbed/, never in the wheel): from this checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
+
+from lockstep_testbed import Cluster
+from lockstep_testbed.launch import start_torchrun
 
 BARE = """import torch.distributed as dist
 dist.init_process_group("gloo")

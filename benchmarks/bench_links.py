@@ -15,7 +15,7 @@ size: every slow node named within 2 log2(N) + 4 rounds with no false one; the p
 finding one slow link per round budget (more random rounds); the verdict's time at 4,096 nodes
 (`judge`, and `assess`, the report's whole section), in CPU seconds and wall seconds.
 
-On the bed (the bed shapes every node's link, `lockstep.cluster.network.LINK_RATE`), one rank per
+On the bed (the bed shapes every node's link, `lockstep_testbed.network.LINK_RATE`), one rank per
 node started with the generic launcher variables, as tests/cluster/test_links.py does, the
 stage's default message size:
 - time: preflight with the link stage and without (`--no-links`), alternately, `--repeat`
@@ -44,9 +44,14 @@ import os
 import random
 import statistics
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 from lockstep.preflight.links import schedule, section, stats, verdict
+
+# The bed is development only (testbed/, never in the wheel): from this checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
 
 
 def measure(rounds, slow_nodes, slow_links, rng, noise=0.05, offset=0):
@@ -171,7 +176,7 @@ def _describe_rate(bed) -> str:
 
 
 def bench_time(repeat: int) -> None:
-    from lockstep.cluster import Cluster
+    from lockstep_testbed import Cluster
 
     with Cluster(4, env={"NO_COLOR": "1"}) as bed:
         on, off = [], []
@@ -201,7 +206,7 @@ def bench_time(repeat: int) -> None:
 
 
 def bench_contrast(repeat: int) -> None:
-    from lockstep.cluster import Cluster
+    from lockstep_testbed import Cluster
 
     with Cluster(4, env={"NO_COLOR": "1"}) as bed:
         for k in (1, 2):
@@ -260,7 +265,7 @@ def bench_sweep(
     fault: str | None = None,
     save: str | None = None,
 ) -> None:
-    from lockstep.cluster import Cluster
+    from lockstep_testbed import Cluster
 
     for n in sizes:
         kwargs = {} if rate is None else {"link_rate": rate, "link_burst": burst}

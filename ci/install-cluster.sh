@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# What the cluster tier's test bed (src/lockstep/cluster/) needs, from Debian, on a fresh machine:
+# What the cluster tier's test bed (testbed/) needs, from Debian, on a fresh machine:
 #   iproute2, util-linux     network namespaces, veths, a bridge; unshare/nsenter
-#   slurm-wlm, munge         real slurmctld/slurmd/srun, started per test bed by lockstep.cluster.slurm
-#   openmpi-bin              real mpirun/orted, lockstep.cluster.mpi
+#   slurm-wlm, munge         real slurmctld/slurmd/srun, started per test bed by lockstep_testbed.slurm
+#   openmpi-bin              real mpirun/orted, lockstep_testbed.mpi
 # Idempotent: when every command is already there it exits at once, with no apt-get call.
 # Needs root (the bed itself needs it too); `apt-get update` runs at most once per call.
 # The Debian units for munge/slurm are never started, nor left enabled at boot: the bed runs its

@@ -134,7 +134,7 @@ def test_a_file_that_does_not_parse_exits_2(tmp_path):
 
 LAYERS = [
     "__main__",
-    "cli | cluster | action",
+    "cli | action",
     "gate | checks",
     "reference_job",
     "train",
@@ -147,7 +147,7 @@ LAYERS = [
     "track",
     "state_digest",
     "errors : redact : compat : extras : summary_md : job_options : module_digest : inputs : terminal"
-    " : local_batch : flags",
+    " : local_batch : flags : registry",
 ]
 
 
@@ -261,3 +261,30 @@ def test_a_test_importing_a_private_name_of_lockstep_is_a_breach(tmp_path):
         "tests/sub/test_x.py:3: imports lockstep.checks.script._diagnosis: a private name of "
         "lockstep.checks from outside it"
     ]
+
+
+def test_the_shipped_package_importing_the_test_bed_fails_lint_imports(tmp_path):
+    """The wheel holds no test bed (testbed/, development only): lockstep importing it would
+    break every install. testbed/importlinter.toml, which `nox -s lint` checks too, says so."""
+    src = tmp_path / "src"
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "src" / "lockstep", src / "lockstep", ignore=ignore)
+    shutil.copytree(ROOT / "testbed" / "lockstep_testbed", src / "lockstep_testbed", ignore=ignore)
+    rules = ROOT / "testbed" / "importlinter.toml"
+    command = [str(Path(sys.executable).with_name("lint-imports")), str(rules), "--no-cache"]
+    env = {**os.environ, "PYTHONPATH": str(src)}
+
+    def lint() -> subprocess.CompletedProcess:
+        return subprocess.run(
+            command, capture_output=True, text=True, cwd=tmp_path, env=env, check=False
+        )
+
+    kept = lint()
+    assert kept.returncode == 0, kept.stdout[-3000:] + kept.stderr
+    errors = src / "lockstep" / "errors.py"
+    errors.write_text(errors.read_text() + "\n\ndef _planted():\n    import lockstep_testbed\n")
+    broken = lint()
+    assert broken.returncode == 1, broken.stdout[-3000:]
+    assert "lockstep is not allowed to import lockstep_testbed" in broken.stdout
+    noxfile = (ROOT / "noxfile.py").read_text()
+    assert "testbed/importlinter.toml" in noxfile[noxfile.index("def lint(") :]

@@ -1,4 +1,4 @@
-"""The cluster tier: tests on a bed of namespace nodes (lockstep.cluster), with real torchrun,
+"""The cluster tier: tests on a bed of namespace nodes (lockstep_testbed), with real torchrun,
 Slurm and Open MPI on it. Marked `cluster` and left out of the CPU tier: they run when selected,
 with `pytest -m cluster` (`nox -s cluster`) or by naming tests/cluster.
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.cluster import Cluster, OpenMPI, Slurm, unavailable
-from lockstep.cluster.mpi import TOOLS as MPI_TOOLS
-from lockstep.cluster.slurm import DAEMONS as SLURM_DAEMONS
+from lockstep_testbed import Cluster, OpenMPI, Slurm, unavailable
+from lockstep_testbed.mpi import TOOLS as MPI_TOOLS
+from lockstep_testbed.slurm import DAEMONS as SLURM_DAEMONS
 
 HERE = Path(__file__).resolve().parent
 _REASON: dict[str, str | None] = {}
@@ -41,6 +41,7 @@ LONGEST_FIRST = (
     "test_launchers.py",
     "test_multinode_launch.py",
     "test_prestart.py",
+    "test_recipe_sbatch.py",
 )
 
 

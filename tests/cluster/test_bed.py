@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.cluster import HEAD, Cluster, NodeTimeout, unavailable
-from lockstep.cluster.namespaces import reap_stale_shared
-from lockstep.cluster.processes import descendants
-from lockstep.cluster.slurm import DAEMONS as SLURM_DAEMONS
+from lockstep_testbed import HEAD, Cluster, NodeTimeout, unavailable
+from lockstep_testbed.namespaces import reap_stale_shared
+from lockstep_testbed.processes import descendants
+from lockstep_testbed.slurm import DAEMONS as SLURM_DAEMONS
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("bed_available")]
 
@@ -153,7 +153,7 @@ def test_fault_hooks_change_one_node_only():
 
 _HOLDER = """
 import contextlib, json, sys, time
-from lockstep.cluster import Cluster, Slurm
+from lockstep_testbed import Cluster, Slurm
 with Cluster(2) as bed, Slurm(bed) if sys.argv[1] == "slurm" else contextlib.nullcontext():
     print(json.dumps({"shared": str(bed.shared), "pids": [bed.pid(k) for k in (0, 1, "head")]}),
           flush=True)

@@ -18,10 +18,10 @@ import json
 import pytest
 
 import lockstep
-from lockstep.cluster import Cluster
-from lockstep.cluster.launch import torchrun
-from lockstep.cluster.network import LINK_BURST
 from lockstep.launch.hostlist import expand
+from lockstep_testbed import Cluster
+from lockstep_testbed.launch import torchrun
+from lockstep_testbed.network import LINK_BURST
 
 pytestmark = pytest.mark.cluster
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from lockstep.cluster.launch import kill_workers, start_torchrun
+from lockstep_testbed.launch import kill_workers, start_torchrun
 from support.multinode_train import (
     KILL_AFTER,
     TIMEOUT,

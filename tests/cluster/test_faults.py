@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from lockstep.cluster import Cluster, OpenMPI, Slurm
-from lockstep.cluster.launch import start_torchrun, torchrun
+from lockstep_testbed import Cluster, OpenMPI, Slurm
+from lockstep_testbed.launch import start_torchrun, torchrun
 
 pytestmark = pytest.mark.cluster
 

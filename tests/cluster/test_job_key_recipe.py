@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.cluster.namespaces import HEAD
+from lockstep_testbed.namespaces import HEAD
 
 pytestmark = pytest.mark.cluster
 

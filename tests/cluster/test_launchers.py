@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from lockstep.cluster import Cluster
-from lockstep.cluster.launch import torchrun
+from lockstep_testbed import Cluster
+from lockstep_testbed.launch import torchrun
 
 pytestmark = pytest.mark.cluster
 

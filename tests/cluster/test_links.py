@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from lockstep.cluster import Cluster, unavailable
-from lockstep.cluster.network import LINK_BURST
 from lockstep.launch.hostlist import expand
+from lockstep_testbed import Cluster, unavailable
+from lockstep_testbed.network import LINK_BURST
 
 pytestmark = pytest.mark.cluster
 
@@ -61,7 +61,7 @@ def need() -> None:
 def bed4(bed_env):
     need()
     with Cluster(4, env=bed_env) as bed:
-        assert bed.link_rate, "the bed shapes every link (lockstep.cluster.network.LINK_RATE)"
+        assert bed.link_rate, "the bed shapes every link (lockstep_testbed.network.LINK_RATE)"
         yield bed
 
 
@@ -176,7 +176,7 @@ def test_slow_node_named_while_the_machine_is_loaded(bed4):
 
 def _rank_pid(proc) -> int | None:
     """The Python under a node process (nsenter, setpriv, taskset exec into it)."""
-    from lockstep.cluster.processes import descendants
+    from lockstep_testbed.processes import descendants
 
     for pid in descendants(proc.pid):
         try:

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from lockstep.cluster import Cluster
-from lockstep.cluster.launch import start_torchrun
+from lockstep_testbed import Cluster
+from lockstep_testbed.launch import start_torchrun
 
 pytestmark = pytest.mark.cluster
 

@@ -22,8 +22,8 @@ import time
 
 import pytest
 
-from lockstep.cluster import HEAD
-from lockstep.cluster.launch import start_torchrun
+from lockstep_testbed import HEAD
+from lockstep_testbed.launch import start_torchrun
 
 pytestmark = pytest.mark.cluster
 

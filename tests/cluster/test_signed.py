@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 import lockstep
-from lockstep.cluster import Cluster
 from lockstep.preflight.store import Signer
+from lockstep_testbed import Cluster
 from support.forger import encoded
 
 pytestmark = pytest.mark.cluster

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from lockstep.cluster import Cluster, Slurm
+from lockstep_testbed import Cluster, Slurm
 
 pytestmark = pytest.mark.cluster
 

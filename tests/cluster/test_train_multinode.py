@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from lockstep.checks.harness import numeric_tolerance
-from lockstep.cluster.launch import start_torchrun
 from lockstep.train.config import load_config
+from lockstep_testbed.launch import start_torchrun
 from support.multinode_train import (
     CONFIG,
     METRICS,

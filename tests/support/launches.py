@@ -1,8 +1,8 @@
 """Launcher variables recorded from the real launchers on the 4-node bed
-(tests/launch/data/launcher_vars_*.json, `python -m lockstep.cluster.record tests/launch/data`:
-srun -N4 --ntasks-per-node 2, mpirun -H ls0:2,ls1:2,ls2:2,ls3:2, torchrun --nnodes 4
---nproc-per-node 2), never written by hand, and the Kubeflow variables as the operator sets
-them."""
+(tests/launch/data/launcher_vars_*.json, `PYTHONPATH=testbed python -m lockstep_testbed.record
+tests/launch/data`: srun -N4 --ntasks-per-node 2, mpirun -H ls0:2,ls1:2,ls2:2,ls3:2, torchrun
+--nnodes 4 --nproc-per-node 2), never written by hand, and the Kubeflow variables as the
+operator sets them."""
 
 from __future__ import annotations
 

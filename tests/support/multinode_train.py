@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from lockstep.cluster import Cluster
-from lockstep.cluster.processes import NodeProcess
+from lockstep_testbed import Cluster
+from lockstep_testbed.processes import NodeProcess
 
 CONFIG = str(Path(__file__).resolve().parents[2] / "smoke" / "cpu-ddp.toml")
 STEPS = 6

@@ -27,12 +27,12 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-import lockstep.cluster.namespaces as namespaces
-from lockstep.cluster.configuration import NodeConfiguration
-from lockstep.cluster.errors import BedError, NodeTimeout
-from lockstep.cluster.namespaces import HEAD, STATE
-from lockstep.cluster.network import LINK_BURST, LINK_RATE, Network
-from lockstep.cluster.processes import (
+import lockstep_testbed.namespaces as namespaces
+from lockstep_testbed.configuration import NodeConfiguration
+from lockstep_testbed.errors import BedError, NodeTimeout
+from lockstep_testbed.namespaces import HEAD, STATE
+from lockstep_testbed.network import LINK_BURST, LINK_RATE, Network
+from lockstep_testbed.processes import (
     NodeProcess,
     descendant_nspids,
     first_child,
@@ -48,8 +48,8 @@ class Cluster(NodeConfiguration, Network):
     `with Cluster(nodes=4) as bed: bed.run(0, ["hostname"])`. Node k's address is
     `bed.address(k)`, its hostname `bed.hostname(k)`; `bed.shared` is a folder every node and
     the host see at the same path (a network filesystem's stand-in); a node's /tmp, /dev/shm
-    and /run are its own. Slurm's daemons: `with Slurm(bed) as slurm` (`lockstep.cluster.slurm`);
-    Open MPI needs nothing started (`OpenMPI(bed)`, `lockstep.cluster.mpi`). `link_rate`/
+    and /run are its own. Slurm's daemons: `with Slurm(bed) as slurm` (`lockstep_testbed.slurm`);
+    Open MPI needs nothing started (`OpenMPI(bed)`, `lockstep_testbed.mpi`). `link_rate`/
     `link_burst` shape every node's link as it starts (`LINK_RATE`; None leaves them unshaped).
     Build it from the thread that keeps it: the parent-death signal that tears it down follows
     the thread that started it.

@@ -27,12 +27,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from lockstep.cluster.errors import BedError, NodeTimeout
-from lockstep.cluster.namespaces import HEAD, STATE
-from lockstep.cluster.processes import NodeProcess, tail
+from lockstep_testbed.errors import BedError, NodeTimeout
+from lockstep_testbed.namespaces import HEAD, STATE
+from lockstep_testbed.processes import NodeProcess, tail
 
 if TYPE_CHECKING:
-    from lockstep.cluster.bed import Cluster
+    from lockstep_testbed.bed import Cluster
 
 CONF = f"{STATE}/slurm/slurm.conf"
 MUNGE_SOCKET = f"{STATE}/munge/munge.socket.2"
@@ -193,7 +193,7 @@ class Slurm:
         n = len(bed.names)
         names = f"{bed.names[0][:-1]}[0-{n - 1}]" if n > 1 else bed.names[0]
         conf = f"""\
-# Written by lockstep.cluster.slurm for one test bed; lives and dies with it.
+# Written by lockstep_testbed.slurm for one test bed; lives and dies with it.
 ClusterName=lockstep
 SlurmctldHost={bed.head}({bed.address(HEAD)})
 SlurmUser=root

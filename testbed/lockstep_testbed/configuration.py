@@ -14,8 +14,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from lockstep.cluster.errors import BedError
-from lockstep.cluster.namespaces import STATE
+from lockstep_testbed.errors import BedError
+from lockstep_testbed.namespaces import STATE
 
 
 class NodeConfiguration:

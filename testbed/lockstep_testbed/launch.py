@@ -10,11 +10,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lockstep.cluster.errors import BedError
-from lockstep.cluster.processes import NodeProcess, children, descendants
+from lockstep_testbed.errors import BedError
+from lockstep_testbed.processes import NodeProcess, children, descendants
 
 if TYPE_CHECKING:
-    from lockstep.cluster.bed import Cluster
+    from lockstep_testbed.bed import Cluster
 
 
 def torchrun_command(

@@ -1,6 +1,6 @@
 """Record the variables real launchers set, on the bed: the tables tests/launch/ reads.
 
-    python -m lockstep.cluster.record tests/launch/data     # as root; ci/install-cluster.sh first
+    PYTHONPATH=testbed python -m lockstep_testbed.record tests/launch/data  # root; ci/install-cluster.sh
 
 Runs a script that dumps its launcher variables as JSON under `srun -N4 --ntasks-per-node 2`,
 `mpirun -H ls0:2,ls1:2,ls2:2,ls3:2` and `torchrun --nnodes 4 --nproc-per-node 2` (c10d) on a
@@ -16,12 +16,12 @@ import shlex
 import sys
 from pathlib import Path
 
-from lockstep.cluster import mpi, slurm
-from lockstep.cluster.bed import Cluster
-from lockstep.cluster.errors import BedError
-from lockstep.cluster.launch import torchrun, torchrun_command
-from lockstep.cluster.mpi import OpenMPI
-from lockstep.cluster.slurm import Slurm
+from lockstep_testbed import mpi, slurm
+from lockstep_testbed.bed import Cluster
+from lockstep_testbed.errors import BedError
+from lockstep_testbed.launch import torchrun, torchrun_command
+from lockstep_testbed.mpi import OpenMPI
+from lockstep_testbed.slurm import Slurm
 
 NODES, PER_NODE = 4, 2
 PREFIXES = ("SLURM_", "OMPI_COMM_WORLD_", "OMPI_UNIVERSE_SIZE", "PMIX_RANK", "TORCHELASTIC_")
@@ -58,8 +58,8 @@ def record(out: Path) -> list[Path]:
             0, [bed.python, "-c", "import torch; print(torch.__version__)"], check=True
         ).stdout.strip()
         base = {
-            "recorded_with": "python -m lockstep.cluster.record tests/launch/data",
-            "bed": f"{NODES} namespace nodes (lockstep.cluster), {PER_NODE} ranks per node",
+            "recorded_with": "PYTHONPATH=testbed python -m lockstep_testbed.record tests/launch/data",
+            "bed": f"{NODES} namespace nodes (lockstep_testbed), {PER_NODE} ranks per node",
             "debian": Path("/etc/debian_version").read_text().strip()
             if Path("/etc/debian_version").exists()
             else platform.platform(),
@@ -114,7 +114,7 @@ def _write(out: Path, bed: Cluster, launcher: str, versions: dict, cmd: list[str
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m lockstep.cluster.record OUT_DIR", file=sys.stderr)
+        print("usage: python -m lockstep_testbed.record OUT_DIR", file=sys.stderr)
         return 2
     for path in record(Path(args[0])):
         print(f"wrote {path}")

@@ -16,10 +16,10 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from lockstep.cluster.namespaces import HEAD, STATE
+from lockstep_testbed.namespaces import HEAD, STATE
 
 if TYPE_CHECKING:
-    from lockstep.cluster.bed import Cluster
+    from lockstep_testbed.bed import Cluster
 
 AGENT = f"{STATE}/bin/lockstep-rsh"
 TOOLS = ("mpirun", "orted")

@@ -8,7 +8,7 @@ shaped (`tc tbf` for the node, `htb` for one pair), its TCP connections listed.
 
 from __future__ import annotations
 
-from lockstep.cluster.namespaces import BRIDGE, HEAD, INTERFACE
+from lockstep_testbed.namespaces import BRIDGE, HEAD, INTERFACE
 
 # Every node's link, shaped as the bed starts (`tc tbf` both ways, see `rate_limit`): a clean
 # link's speed is then tc's, the same on every pair, not what this machine's busy cores leave

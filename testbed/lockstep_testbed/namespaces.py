@@ -30,6 +30,7 @@ gone (`reap_stale_shared`).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import shutil
@@ -203,11 +204,15 @@ def host_tmp() -> str:
 
 
 def software_dirs() -> list[Path]:
-    """Where the interpreter, its venv and lockstep's source live: a checkout or venv under
-    /tmp (a fresh clone in CI) must stay visible inside the nodes, at the same path."""
-    package = Path(__file__).resolve().parent.parent  # lockstep/
-    source = package.parent.parent if package.parent.name == "src" else package.parent
-    dirs = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), source}
+    """Where the interpreter, its venv, lockstep's source and this checkout live: a checkout or
+    venv under /tmp (a fresh clone in CI) must stay visible inside the nodes, at the same path.
+    lockstep is found, not imported: the bed drives it only as a program."""
+    dirs = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
+    dirs.add(Path(__file__).resolve().parents[2])  # the checkout holding testbed/
+    spec = importlib.util.find_spec("lockstep")
+    if spec and spec.origin:
+        package = Path(spec.origin).resolve().parent  # lockstep/
+        dirs.add(package.parent.parent if package.parent.name == "src" else package.parent)
     return sorted(d for d in dirs if any(d == m or m in d.parents for m in MASKED))
 
 
