@@ -24,7 +24,11 @@ import pytest
 from lockstep.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "docs" / "recipes").glob("*.md")),
+]
 
 # Fenced blocks in these languages hold no shell command lines.
 NOT_SHELL = {"python", "py", "toml", "json", "jsonl", "yaml", "yml", "ini", "xml", "text", "hcl"}
