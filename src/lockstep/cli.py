@@ -1,8 +1,5 @@
-"""The `lockstep` command: a thin argparse front that imports each subcommand lazily.
-
-Each command group lives beside the code it drives (`lockstep.env.cli`, `lockstep.preflight.cli`,
-`lockstep.train.cli`, ...) and exposes `register(subparsers)`, adding parsers whose `func(args) -> int` does the work.
-Heavy imports (torch, deepspeed) happen inside `func`, so `lockstep --help` stays instant.
+"""The `lockstep` command: a thin argparse front over each command group's `register(subparsers)`,
+whose commands import torch only when they run (docs/design/options.md).
 """
 
 from __future__ import annotations

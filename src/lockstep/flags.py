@@ -1,7 +1,6 @@
-"""A command's options declared once, as the fields of a frozen dataclass: `flag(...)` carries
-a field's flag, type, help and its one default, and from that class come the parser (`add`),
-the options object (`read`) and the argv a rank is started with (`argv`). Design:
-docs/design/options.md."""
+"""A command's options declared once, as a frozen dataclass whose `flag(...)` fields carry flag,
+type, help and the one default; from it come the parser (`add`), the options object (`read`)
+and a rank's argv (`argv`). Design: docs/design/options.md."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """The job options that `check`, `gate record|refresh|check|ab` and `train` share, each
-declared once with its one default (pip's `cli/cmdoptions.py` is the model): `JobOptions`, and
-field constructors for a command that takes only some. Why these defaults:
-docs/design/options.md."""
+declared once with its one default: `JobOptions`, and field constructors for a command that
+takes only some. Design: docs/design/options.md."""
 
 from __future__ import annotations
 
@@ -75,9 +74,8 @@ def first_step_default() -> float:
 
 @dataclass(frozen=True, kw_only=True)
 class JobOptions:
-    """The job a command runs: lockstep's reference job (a run CONFIG and its `--set`
-    overrides) or a script under lockstep's protocol, on how many ranks, for how long. A
-    command's class sets `script_steps`, what a script runs without --steps."""
+    """The job a command runs (a run CONFIG with its `--set` overrides, or a protocol script),
+    on how many ranks, for how long; `script_steps`: a script's steps without --steps."""
 
     script_steps: ClassVar[int] = 0
     steps_note: ClassVar[str] = ""

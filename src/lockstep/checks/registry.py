@@ -1,17 +1,6 @@
-"""Every invariant check by name, with what it catches and what runs it: a new check is one
-file of `lockstep.checks` (named for the check: `determinism.py`, `world_size.py`, ...) with
-its functions, and one row of `CHECKS`.
-
-- `rank`: the function every rank runs on lockstep's reference job (built from `harness.py`),
-  for `lockstep check NAME CONFIG`; `all` runs the checks without a `plan` in one shared
-  launch;
-- `plan`: for a check that needs launches of its own (new processes, other world sizes, a
-  killed rank), the function that makes them (`plan(launches, check)`, `plans.Launches`);
-- `script`: the function that checks a user's script (`check_script(runner, runs, ...)`,
-  `--script CMD`, `script_runs.py`) and its default tolerances.
-
-Functions are named here (`Function`, a `lockstep.registry.Ref`) and imported when called:
-the CLI builds its parser from this table, and `lockstep --help` does not import torch.
+"""Every invariant check by name: what it catches and the functions that run it (`rank`,
+`plan`, `script`), named as lazy references so that the CLI reads the table without torch. A new
+check is one file of `lockstep.checks` and one row of `CHECKS`. Design: docs/design/checks.md.
 """
 
 from __future__ import annotations
@@ -45,9 +34,8 @@ def plan(module: str) -> Function:
 
 @dataclass(frozen=True)
 class OnScript:
-    """How a check runs on a user's script: `run(runner, runs, rtol=, atol=)`, with these
-    tolerances unless --rtol/--atol say otherwise; `tolerance` None: compared exactly, without
-    tolerances. `all` leaves the check out below `min_nproc` ranks."""
+    """How a check runs on a user's script: `run(runner, runs, rtol=, atol=)`, its default
+    tolerances (None: compared exactly), and the ranks below which `all` leaves it out."""
 
     run: Function
     tolerance: tuple[float, float] | None = (0.0, 0.0)

@@ -1,19 +1,7 @@
-"""Which launcher started this process, and this rank's place in the job: the one reader of
-launcher variables, for `preflight`, `train` and `check` alike.
-
-Every launcher names rank, world size and local rank differently (RANK, OMPI_COMM_WORLD_RANK,
-SLURM_PROCID, PMI_RANK, MV2_COMM_WORLD_RANK...); this module reads them once into a
-`RankInfo`. Half-set or contradictory variables raise `UsageError` naming the variables, because
-a rank that guesses its place hangs the others.
-Launchers that export no rendezvous address (srun, mpirun, PMI, MVAPICH) take MASTER_ADDR and
-MASTER_PORT from the environment; under Slurm they default to the first host of the step's
-node list and a port derived from the job id, so every rank computes the same pair.
-`node_rank` is a node's index only where the launcher says so (torchrun's GROUP_RANK,
-DeepSpeed's CROSS_RANK, SLURM_NODEID); Open MPI has no such variable (its
-OMPI_COMM_WORLD_NODE_RANK is the process's rank *on* its node, 0 and 1 on every node of
-`mpirun -H a:2,b:2`), so there it is None and preflight groups ranks by hostname. The tables in
-tests/launch/data/ were recorded from the real launchers (testbed/lockstep_testbed/record.py).
-`adopt()` also writes the result as torch.distributed's `env://` variables.
+"""Which launcher started this process, and this rank's place in the job (`RankInfo`): the one
+reader of launcher variables, for `preflight`, `train` and `check` alike. Half-set or
+contradictory variables are a `UsageError` naming them: a rank that guesses its place hangs the
+others. Design: docs/design/launch.md.
 """
 
 from __future__ import annotations
@@ -151,9 +139,8 @@ def detect(environ: Mapping[str, str] | None = None) -> RankInfo | None:
 
 
 def adopt(environ: MutableMapping[str, str] | None = None) -> RankInfo | None:
-    """`detect()`, then write its answer as torch.distributed's `env://` variables (RANK,
-    WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), so that ranks of
-    srun, mpirun or PMI join a process group as torchrun's do. None when no launcher is set."""
+    """`detect()`, then its answer written as torch.distributed's `env://` variables, so that
+    ranks of srun, mpirun or PMI join a process group as torchrun's do."""
     env = os.environ if environ is None else environ
     info = detect(env)
     if info is not None:
@@ -219,9 +206,8 @@ def _check_generic_agrees(
 
 
 def _check_slurm_layout(world_size: int, env: Mapping[str, str]) -> None:
-    """SLURM_NTASKS must be the sum of the step's tasks per node, one count per host of its
-    node list (a hand-exported or stale variable otherwise puts ranks on nodes that are not
-    there, and the others wait for them)."""
+    """SLURM_NTASKS must be the sum of the step's tasks per node, one count per listed host: a
+    stale or hand-exported variable puts ranks on nodes that are not there."""
     nodelist_var = next(
         (v for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST") if v in env), None
     )
@@ -251,13 +237,7 @@ def _check_slurm_layout(world_size: int, env: Mapping[str, str]) -> None:
         )
 
 
-# Kubeflow's PyTorchJob (training-operator v1, pkg/controller.v1/pytorch/envvar.go setPodEnv)
-# sets in every pod MASTER_ADDR, MASTER_PORT, PET_MASTER_ADDR, PET_MASTER_PORT, WORLD_SIZE =
-# replicas x nprocPerNode, RANK = PET_NODE_RANK = the pod's index (master 0, worker i -> i+1),
-# PET_NPROC_PER_NODE and PET_NNODES (replicas; "min:max" under an elasticPolicy): the values
-# are torchrun's arguments (torchrun reads PET_<FLAG> as its flags' defaults), so RANK counts
-# pods while WORLD_SIZE counts processes. Kubeflow Trainer v2 (TrainJob, torch runtime) sets
-# only PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT.
+# torchrun's arguments as Kubeflow's pods get them (docs/design/launch.md, "Kubeflow").
 KUBEFLOW_VARIABLES = (
     "PET_NNODES",
     "PET_NPROC_PER_NODE",
@@ -268,8 +248,8 @@ KUBEFLOW_VARIABLES = (
 
 
 def _check_kubeflow(rank: int, world_size: int, env: Mapping[str, str]) -> None:
-    """A PyTorchJob pod started without torchrun: RANK is the pod's index, WORLD_SIZE the
-    number of processes; a process taking them as its own rank and world waits forever."""
+    """A PyTorchJob pod started without torchrun: RANK counts pods, WORLD_SIZE processes; a
+    process taking them as its own waits forever."""
     nproc = env.get("PET_NPROC_PER_NODE", "")
     nnodes = env.get("PET_NNODES", "")
     if not nproc.isdigit() or int(nproc) <= 1:

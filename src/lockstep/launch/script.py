@@ -1,19 +1,6 @@
-"""A user's training script launched under lockstep's protocol (`lockstep.track`): the one
-launcher of `lockstep check --script` and of `lockstep gate`, both through one run in a
-folder of its own (`protocol_run.run_under_protocol`; the checks add their comparisons, the
-gate its process monitor).
-
-- `Script`: the command, its placeholders (`{metrics}`, `{max_steps}`, `{checkpoint_dir}`,
-  `{resume}`, the fields of `track.Protocol`) filled and the LOCKSTEP_* variables set;
-- `launch`: any command line on N local ranks through one of `LAUNCHERS`, timed, and ended
-  early when it logs no step within a first-step deadline (`first_step`);
-- `Exit`: what a launch left, and its triage after a nonzero exit: the known gloo abort at
-  interpreter exit after a complete run is tolerated with a note (`tolerated`), any other
-  crash has a one-line cause (`cause`): the script's last error line, or what lockstep knows
-  better (a `python` on PATH that is not lockstep's interpreter, a SIGABRT and when); a
-  launch killed before its first step, the last lines it wrote (`tail`).
-
-A new launcher is one function here and one row of `LAUNCHERS`.
+"""A user's training script under lockstep's protocol (`lockstep.track`), for `check --script`
+and `gate`: `Script`, `launch` through `LAUNCHERS` (a new launcher is one function and one row),
+and `Exit`'s triage. Design: docs/design/launch.md.
 """
 
 from __future__ import annotations
@@ -68,9 +55,8 @@ def _deepspeed(argv, nproc, log, *, env, timeout, cwd, watch, run_path, forensic
 
 @dataclass(frozen=True)
 class Launcher:
-    """`start(argv, nproc, log, *, env, timeout, cwd, watch, run_path, forensics)`: the exit
-    code, or None when the launch ran past `timeout` and was killed. `needs`: what it needs
-    installed ({module: why}), for the one-line error before any rank starts."""
+    """`start(argv, nproc, log, ...)` gives the exit code, None when killed at `timeout`;
+    `needs` is {module: why} for the one-line error before any rank starts."""
 
     name: str
     start: Callable[..., int | None]
@@ -85,8 +71,8 @@ LAUNCHERS: Registry[Launcher] = Registry("launcher", [
 
 @dataclass(frozen=True)
 class Exit:
-    """A finished launch: its exit code (None: killed at the timeout or at the first-step
-    deadline), its log, when it started, and the command line the ranks ran."""
+    """A finished launch: exit code (None: killed at the timeout or first-step deadline), log,
+    start time and the ranks' command line."""
 
     code: int | None
     log: Path
@@ -97,15 +83,13 @@ class Exit:
     first_step_missed: tuple[float, list[str]] | None = None
 
     def tail(self) -> list[str]:
-        """The last lines the ranks wrote: when the first-step deadline struck (after it come
-        the kill's echoes), else at the end."""
+        """The last lines the ranks wrote, when the first-step deadline struck or at the end."""
         if self.first_step_missed is not None:
             return self.first_step_missed[1]
         return log_tail(self.text) if self.log.is_file() else []
 
     def report(self):
-        """The flight recorder's report on this launch (`lockstep.forensics.analysis.Report`):
-        who is out of step and in which collective; None without dumps."""
+        """The flight recorder's report (`forensics.analysis.Report`); None without dumps."""
         if self.forensics is None or not self.forensics.is_dir():
             return None
         from lockstep.forensics import hang
@@ -113,10 +97,8 @@ class Exit:
         return hang.report(self.forensics, self.text)
 
     def hang_report(self, findings_only: bool = False) -> str:
-        """For a timed-out launch's one-line error: the report's headlines (who is out of step in
-        which collective) and where the whole report is, ranks' stacks included; '' without
-        dumps, or with `findings_only` when nobody is out of step. The whole report is written
-        scrubbed beside the dumps, as report.txt (`lockstep.forensics.hang.summary`)."""
+        """The report's headlines and where the whole report is, for a timed-out launch's
+        error; '' without dumps, or with `findings_only` when nobody is out of step."""
         if self.forensics is None:
             return ""
         from lockstep.forensics import hang
@@ -131,10 +113,8 @@ class Exit:
         first: int | None = None,
         checkpoint: Path | None = None,
     ) -> str | None:
-        """The note, when a nonzero exit is only the known gloo abort at interpreter exit
-        (`forensics.aborted_at_exit`) after a complete run: every step from `first` (default:
-        the first logged, a resumed run) to `max_steps` logged and, with `checkpoint`, a
-        checkpoint this launch wrote there; else None."""
+        """The note when a nonzero exit is only gloo's abort at interpreter exit after a
+        complete run (steps `first`..`max_steps`, and `checkpoint` written); else None."""
         steps = sorted(set(logged))
         if not (self._complete(steps, max_steps, first) and self.aborted_at_exit):
             return None
@@ -157,8 +137,7 @@ class Exit:
         first: int | None = None,
         checkpoint: Path | None = None,
     ) -> str:
-        """Why the launch failed, in one line: the script's last error line, where lockstep
-        knows better the interpreter it ran under or the SIGABRT that ended it."""
+        """Why the launch failed, in one line."""
         last = last_error_line(self.log)
         report = self.report()
         if report is not None and report.findings:
@@ -211,14 +190,9 @@ def launch(
     forensics: Path | None = None,
     first_step: tuple[float, Path] | None = None,
 ) -> Exit:
-    """Run `argv` on `nproc` local ranks through `LAUNCHERS[launcher]`, every rank's output
-    and the launcher's into `log` (0600) scrubbed as it is written: the launcher writes into a
-    pipe that lockstep reads (`redact.scrubbing_fifo`), so no secret reaches the disk, not even
-    when lockstep is killed. `watch(pid)`, a context manager, runs around the launch (the gate's
-    process monitor); `env` is the ranks' whole environment. `forensics`: a folder for the
-    ranks' flight-recorder dumps (emptied first; `lockstep.forensics`). `first_step`
-    (seconds, a metrics file): the launch is killed when the file shows no step by then
-    (`Exit.first_step_missed`)."""
+    """Run `argv` on `nproc` local ranks through `LAUNCHERS[launcher]`, all output scrubbed
+    into `log`; `watch(pid)` wraps the launch, `first_step` (seconds, metrics file) is a
+    deadline for the first step."""
     started = time.time()
     if forensics is not None:
         from lockstep.forensics import hang
@@ -243,8 +217,8 @@ OWN_LINES = (*LAUNCHER_LINES, "[runner.py:")
 
 
 def log_tail(text: str, lines: int = 5) -> list[str]:
-    """A launch log's last `lines` lines from the ranks: not the launchers' own, each line
-    once (every rank prints the same), the newest last."""
+    """A launch log's last `lines` lines from the ranks, each once (every rank prints the
+    same), the newest last."""
     text = SUMMARY.sub("", text)
     kept = [ln.strip() for ln in text.splitlines() if not any(x in ln for x in OWN_LINES)]
     return list(dict.fromkeys(ln[:200] for ln in reversed(kept) if ln))[:lines][::-1]
@@ -253,11 +227,8 @@ def log_tail(text: str, lines: int = 5) -> list[str]:
 @contextlib.contextmanager
 def _first_step_deadline(first_step: tuple[float, Path] | None, log: Path,
                          forensics: Path | None, nproc: int):  # fmt: skip
-    """While inside: when `first_step`'s metrics file shows no step `first_step[0]` seconds in,
-    the log's tail then goes into the list it yields (scrubbed once more, though the log is
-    as it is written), the ranks are asked for their flight recorders' dumps (a rank stuck in
-    a collective before its first step is named), and every process started inside is
-    killed, again until the block ends (a rank forked late too)."""
+    """While inside: a metrics file with no step `first_step[0]` seconds in puts the log's tail
+    in the yielded list and kills every process started inside until the block ends."""
     missed: list[list[str]] = []
     if first_step is None:
         yield missed
@@ -323,10 +294,8 @@ class Script:
         cwd: Path | None = None,
         watch=None,
     ) -> Exit:
-        """One launch with `protocol`'s variables over `env` (default: this process's);
-        a rank killed by a signal logs its stack (PYTHONFAULTHANDLER); the ranks' flight
-        recorder dumps go to `LOG.flight-recorder/` on a timeout or a crash (`Exit.report`).
-        Killed when rank 0 logs no step within `first_step_timeout` seconds."""
+        """One launch with `protocol`'s variables over `env` (default: this process's),
+        killed when rank 0 logs no step within `first_step_timeout` seconds."""
         env = dict(os.environ if env is None else env, **protocol.environ())
         env.setdefault("PYTHONFAULTHANDLER", "1")
         metrics, deadline = protocol.metrics_of(0), self.first_step_timeout
@@ -354,8 +323,8 @@ def script_argv(command: str, values: dict[str, str]) -> list[str]:
 
 
 def wrote_checkpoint(folder: Path, since: float) -> bool:
-    """A checkpoint a launch wrote: a file in the folder, none empty, one written after the
-    launch started (a resumed run's old checkpoint does not count)."""
+    """A checkpoint a launch wrote: files, none empty, one written after the launch started
+    (a resumed run's old checkpoint does not count)."""
     if not folder.is_dir():
         return False
     files = [p for p in folder.rglob("*") if p.is_file()]
@@ -374,9 +343,8 @@ PYTHON_NAME = re.compile(r"python(\d+(\.\d+)?)?")
 
 
 def other_python(argv: list[str], path: str | None = None) -> str | None:
-    """The interpreter a command run as `python ...` (or python3, python3.11) finds on PATH
-    (`path`, default this process's), when it is not the one running lockstep (another venv,
-    or the system's, without torch or lockstep); None when it is, or for any other command."""
+    """The interpreter a `python ...` command finds on `path` (default PATH) when it is not
+    the one running lockstep; else None."""
     if not argv or not PYTHON_NAME.fullmatch(argv[0]):
         return None
     found = shutil.which(argv[0], path=path if path is not None else os.environ.get("PATH"))
@@ -386,9 +354,8 @@ def other_python(argv: list[str], path: str | None = None) -> str | None:
 
 
 def _prefix(executable: str) -> str:
-    """The environment an interpreter runs in, as its startup finds it: a venv's folder (a
-    pyvenv.cfg beside it or one level up, before any symlink is followed; a venv's python is
-    a symlink to its base interpreter), else the installation the resolved binary is in."""
+    """The environment an interpreter runs in, as its startup finds it: a venv's folder
+    (pyvenv.cfg found before following symlinks), else its installation."""
     here = os.path.dirname(os.path.abspath(executable))
     for folder in (here, os.path.dirname(here)):
         if os.path.isfile(os.path.join(folder, "pyvenv.cfg")):

@@ -1,20 +1,7 @@
-"""The engine table: one `EngineSpec` row per engine, the one place an engine's name is written.
-
-What the rest of lockstep knows about an engine is derived from its row: the names the run
-config accepts (`config.EngineConfig.name`), the `engine.*` options each one understands, the
-clip norm types it supports, which checkpoints it resumes (`checkpoint.check_compatible`), its
-ZeRO stage (`deepspeed_config.generate`), the optional modules it needs (`config.require_config`),
-the modules a launcher imports ahead of its ranks, and the class a rank builds.
-
-A new engine is one module in `lockstep.train.engines` (a subclass of `base.Engine`, usually of
-`native.NativeEngine`) and one row in `ENGINES`; an engine defined elsewhere (a plugin, a test)
-is one file that calls `register(EngineSpec(...))`. Options that no engine has yet are fields
-of `config.EngineConfig`.
-
-This module imports nothing of `lockstep.train`, nor torch nor DeepSpeed (the run config
-validates against it in the launching process, and the engines' interface imports the run
-config): a row names its class as 'module:Class' (`lockstep.registry.Ref`), imported when a
-rank builds it.
+"""The engine table: one `EngineSpec` row per engine, the one place an engine's name is written,
+from which the run config, checkpoints, DeepSpeed configs and launchers derive what they know.
+It imports neither torch nor `lockstep.train`: a row names its class as 'module:Class'.
+Design: docs/design/train.md.
 """
 
 from __future__ import annotations
@@ -25,8 +12,8 @@ from dataclasses import dataclass
 
 from lockstep.registry import Ref, Registry
 
-# FSDP2 and DeepSpeed call these collectives on every step; torch 2.13 deprecates the names and
-# warns once per call site and rank, which buries a run's own output. Nothing a user can act on.
+# FSDP2 and DeepSpeed call these every step; torch 2.13 deprecates the names and warns once per
+# call site and rank, burying a run's own output with nothing a user can act on.
 DEPRECATED_INTERNAL_CALLS = (
     r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
 )
@@ -38,17 +25,13 @@ class EngineSpec:
 
     name: str
     engine: str  # 'module:Class' of its `Engine` subclass, imported only when a rank builds it
-    # Its checkpoint format: engines that write the same one resume each other's checkpoints.
-    # Every format resumes at any world size (DCP reshards by itself; ZeRO converts to
-    # DeepSpeed's universal checkpoint in `Engine.prepare_load`).
-    checkpoint: str
+    checkpoint: str  # its format: engines writing the same one resume each other's
     options: tuple[str, ...] = ()  # the `engine.*` options only some engines understand
     norm_types: tuple[float, ...] = (2.0, math.inf)  # the clip.norm_type values it clips by
     norm_note: str = ""  # why it clips by no other norm type (in the error that says so)
     zero_stage: int | None = None  # DeepSpeed's ZeRO stage (its generated ds_config)
     requires: tuple[str, ...] = ()  # optional modules it imports (`lockstep.extras.EXTRA_OF`)
-    # modules its framework imports only when it builds the engine, for a launcher to import
-    # once ahead of its ranks too (`engine_modules`; one missing is skipped there)
+    # what its framework imports only when building, for a launcher to import ahead of its ranks
     preload: tuple[str, ...] = ()
 
     @property
@@ -61,14 +44,13 @@ class EngineSpec:
         return Ref(self.engine).resolve()
 
 
-# What the three ZeRO rows share: one class (the stage comes from the row), DeepSpeed's clipping.
+# What the three ZeRO rows share: one class (the stage comes from the row), DeepSpeed's clipping
 _DEEPSPEED = dict(
     engine="lockstep.train.engines.zero:ZeroEngine",
     norm_types=(2.0,),
     norm_note="DeepSpeed clips by the L2 norm",
     requires=("deepspeed",),
-    # deepspeed.initialize's ZeRO optimizer check imports its Muon optimizer, whose
-    # torch.compile loads torch._inductor: about 3 CPU-s in every rank of every launch
+    # deepspeed.initialize's ZeRO optimizer check imports its Muon optimizer (and torch._inductor)
     preload=("deepspeed.runtime.zero.muon.muon_optimizer",),
 )
 
@@ -144,8 +126,8 @@ def zero_stages() -> dict[str, int]:
 
 
 def resumes(saved: str, engine: str) -> bool:
-    """Engine `engine` can resume a checkpoint engine `saved` wrote (its own, or one in the
-    same format); a name not in the table (a manifest from elsewhere) resumes nothing."""
+    """Engine `engine` can resume a checkpoint engine `saved` wrote (same format); a name not
+    in the table resumes nothing."""
     if saved == engine:
         return True
     a, b = ENGINES.get(saved), ENGINES.get(engine)
@@ -161,8 +143,7 @@ def shared_checkpoints() -> list[tuple[str, ...]]:
 
 
 def engine_modules(name: str) -> list[str]:
-    """The modules engine `name` imports (its framework included), for a launcher to import
-    once ahead of its ranks."""
+    """The modules engine `name` imports, for a launcher to import once ahead of its ranks."""
     spec = ENGINES[name]
     return [spec.module, *spec.requires, *spec.preload]
 

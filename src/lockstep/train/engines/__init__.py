@@ -1,8 +1,5 @@
-"""The engines, one module each behind the interface in `base` (`Engine`, `StepOutcome`).
-
-Their table (each engine's name, class, options, checkpoint format, ZeRO stage and optional
-modules) is `lockstep.train.engine_table`, which the run config reads without importing
-torch; its names are re-exported here for code written against `lockstep.train.engines`.
+"""The engines, one module each behind the interface in `base` (`Engine`, `StepOutcome`), and
+their table's names (`lockstep.train.engine_table`, read without torch) re-exported.
 """
 
 from __future__ import annotations
