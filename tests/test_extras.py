@@ -75,6 +75,15 @@ def test_deepspeed_commands_without_deepspeed(tmp_path, args):
     one_line(lockstep(tmp_path, "deepspeed", *args), "deepspeed")
 
 
+def test_a_lightning_script_without_lightning_names_the_extra_before_any_rank(tmp_path):
+    out = tmp_path / "runs"
+    script = ROOT / "examples/train_lightning.py"
+    proc = lockstep(tmp_path, "lightning,pytorch_lightning", "check", "all", "--script",
+                    str(script), "--out", str(out))  # fmt: skip
+    assert "train_lightning.py imports lightning" in one_line(proc, "lightning")
+    assert not out.exists()  # no rank started, nothing written
+
+
 def test_gate_plots_without_matplotlib(tmp_path):
     proc = lockstep(tmp_path, "matplotlib", "gate", "check", "g", "--script", "train.py",
                     "--plot", str(tmp_path / "plots"))  # fmt: skip
@@ -90,4 +99,5 @@ def test_the_extras_named_exist_in_pyproject():
     assert set(extras.EXTRA_OF.values()) <= set(declared)
     for module, extra in extras.EXTRA_OF.items():
         names = {r.split(">")[0].split("=")[0].split("[")[0] for r in declared[extra]}
-        assert {"pynvml": "nvidia-ml-py"}.get(module, module) in names, (module, extra)
+        distribution = {"pynvml": "nvidia-ml-py", "pytorch_lightning": "lightning"}
+        assert distribution.get(module, module) in names, (module, extra)

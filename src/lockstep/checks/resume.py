@@ -246,13 +246,15 @@ def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float)
 
 def _script_failed(runner: ScriptRunner, summary: str, diagnosis: str,
                    div: Divergence | None = None) -> CheckResult:  # fmt: skip
-    return CheckResult("resume", False, summary, divergence=div, diagnosis=diagnosis,
-                       logs=runner.logs, notes=runner.take_notes())  # fmt: skip
+    said = [n.split(INEXACT, 1)[1] for n in runner.notes if INEXACT in n]  # the script knew
+    return CheckResult("resume", False, summary, divergence=div, diagnosis="; and ".join(
+        [*said, diagnosis]), logs=runner.logs, notes=runner.take_notes())  # fmt: skip
 
 
 # What a script or its library prints when a resume will not be exact: Lightning's mid-epoch
 # checkpoint of a loader with no state, HF Trainer's or accelerate's RNG states not set back,
 # model keys the checkpoint did not fill; and any warning of the script's own about resuming.
+INEXACT = "warning: resuming inexactly: "  # integrations.lightning: a part it did not restore
 RESUME_WARNING = re.compile(
     r"resuming from a checkpoint that ended|not resumable|reproducibility is not guaranteed|"
     r"set back the RNG states|could not load random states|(missing|unexpected) keys in the "

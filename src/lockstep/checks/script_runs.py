@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from lockstep import extras
 from lockstep.checks.result import CheckResult, unsound
 from lockstep.checks.trajectory import by_step, read_metrics
 from lockstep.errors import RankTimeout, UsageError
@@ -60,6 +61,7 @@ class ScriptRunner:
     ):
         self.script = Script(command, launcher=launcher, run_path=run_path, timeout=timeout,
                              first_step_timeout=first_step_timeout)  # fmt: skip
+        extras.require("the script", extras.script_needs(command))  # before any rank starts
         self.workdir = workdir
         self.timeout = timeout
         if removed := clear_earlier_runs(workdir):
