@@ -131,6 +131,15 @@ def cluster(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend="none")
+def wheel(session: nox.Session) -> None:
+    """The wheel is the product: build the sdist and wheel (python -m build, twine check), install
+    the wheel in a fresh venv away from the source tree and run preflight, a check and a plugin
+    test there (ci/wheel-check.py)."""
+    bin_dir = locked_venv(session, "cpu")
+    session.run(bin_dir / "python", str(ROOT / "ci" / "wheel-check.py"), external=True)
+
+
+@nox.session(venv_backend="none")
 def preflight(session: nox.Session) -> None:
     """The main job on its embedded default: preflight two local ranks (gloo, or nccl on GPUs).
 
