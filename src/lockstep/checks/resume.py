@@ -1,11 +1,6 @@
-"""The resume check: N steps, a checkpoint, a resume and N more steps match 2N straight steps.
-
-On lockstep's reference job the straight run saves its state at N and 2N
-(`resume_reference`); the resumed run, in new processes (`plan`: a second launch, maybe at
-another world size), compares the state it loaded and the steps after it (`resume_compare`);
-a failure names the state the resume lost. On a user's script (`check_script`) three
-launches: straight, a first half that checkpoints, a second half that resumes.
-"""
+"""The resume check: N steps, a checkpoint, a resume and N more steps match 2N straight steps,
+on the reference job (`resume_reference`, `plan`, `resume_compare`) or a user's script
+(`check_script`). Design: docs/design/checks.md."""
 
 from __future__ import annotations
 
@@ -247,14 +242,15 @@ def check_script(runner: ScriptRunner, asked: Runs, *, rtol: float, atol: float)
 def _script_failed(runner: ScriptRunner, summary: str, diagnosis: str,
                    div: Divergence | None = None) -> CheckResult:  # fmt: skip
     said = [n.split(INEXACT, 1)[1] for n in runner.notes if INEXACT in n]  # the script knew
-    return CheckResult("resume", False, summary, divergence=div, diagnosis="; and ".join(
-        [*said, diagnosis]), logs=runner.logs, notes=runner.take_notes())  # fmt: skip
+    if not said or UNTOLD not in diagnosis:  # what it said replaces the metrics' guess
+        said.append(diagnosis)
+    return CheckResult("resume", False, summary, divergence=div, diagnosis="; and ".join(said),
+                       logs=runner.logs, notes=runner.take_notes())  # fmt: skip
 
 
-# What a script or its library prints when a resume will not be exact: Lightning's mid-epoch
-# checkpoint of a loader with no state, HF Trainer's or accelerate's RNG states not set back,
-# model keys the checkpoint did not fill; and any warning of the script's own about resuming.
+# What a script or its library prints when a resume will not be exact (docs/design/checks.md)
 INEXACT = "warning: resuming inexactly: "  # integrations.lightning: a part it did not restore
+UNTOLD = "the RNG state or data position was not restored"
 RESUME_WARNING = re.compile(
     r"resuming from a checkpoint that ended|not resumable|reproducibility is not guaranteed|"
     r"set back the RNG states|could not load random states|(missing|unexpected) keys in the "
@@ -363,8 +359,8 @@ def diagnose_resume(div: Divergence, straight: list[dict], first_half: list[dict
                         f"run's after step {first - 1} (param_digest_in)")  # fmt: skip
     elif read:
         known = None not in loaded  # the weights it entered with are the straight run's
-        causes.append("the RNG state or data position was not restored (the metrics cannot "
-                      "tell them apart)" + ("" if known else ", else the model weights were "
+        causes.append(UNTOLD + " (the metrics cannot tell them apart)" + (
+                      "" if known else ", else the model weights were "
                       "not loaded"))  # fmt: skip
         evidence.append(f"step {first}, the first after the resume, differs in {read.metric} "
                         "before its update: " + ("its weights are the straight run's "
