@@ -129,6 +129,10 @@ def run_local(fn, args: tuple, nproc: int, name: str, device: str, preload=(), *
                 timer.start()
             results = elastic_launch(config, entry)(*args)
     except ChildFailedError as exc:
+        ended.set()  # the ranks are gone: the expiry's kills stop before the reader starts
+        if timer is not None:
+            timer.cancel()
+            timer.join()
         if expired:
             raise RankTimeout(
                 f"{nproc} {name} ranks did not finish within {timeout:g} s and were killed "
