@@ -1,20 +1,5 @@
-"""A user's training script run as a black box for the checks (`--script CMD`).
-
-The script speaks the protocol of `lockstep.track` (LOCKSTEP_METRICS, LOCKSTEP_MAX_STEPS,
-LOCKSTEP_CHECKPOINT_DIR, LOCKSTEP_RESUME; also `{metrics}`, `{max_steps}`,
-`{checkpoint_dir}` and `{resume}` placeholders in the command). Each check (its
-`check_script`) launches it a few times through `ScriptRunner` and compares the per-step
-metrics the runs wrote.
-
-Tolerated, with a one-line note: steps logged past LOCKSTEP_MAX_STEPS (loops that overshoot
-by one) are ignored; the known gloo abort at interpreter exit (SIGABRT, "terminate called
-without an active exception", no Python frame) after a complete run that left its
-checkpoint. Any other crash is bad input; a run that logs no step within the first-step
-deadline, or hangs, is a timeout.
-
-Each check starts afresh in its folder: what an earlier check's runs made in a reused --out
-(listed in its RUNS file) is removed first, and nothing else there.
-"""
+"""A user's training script run as a black box for the checks (`--script CMD`): launched a few
+times through `ScriptRunner`, its per-step metrics read back. Design: docs/design/checks.md."""
 
 from __future__ import annotations
 
