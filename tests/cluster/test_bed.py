@@ -184,8 +184,12 @@ def start_time(pid: int) -> str | None:
 def test_killing_the_owner_leaves_nothing_behind(how):
     with_slurm = all(map(shutil.which, SLURM_DAEMONS[:3]))
     before = host_view()
+    # the bed is development only (testbed/): pytest's pythonpath does not reach a child
+    testbed = str(Path(__file__).resolve().parents[2] / "testbed")
+    path = os.pathsep.join(filter(None, [testbed, os.environ.get("PYTHONPATH")]))
     holder = subprocess.Popen(
         [PY, "-c", _HOLDER, "slurm" if with_slurm else "plain"],
+        env={**os.environ, "PYTHONPATH": path},
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,
