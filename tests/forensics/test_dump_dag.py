@@ -22,7 +22,7 @@ from support.flight_recorder import dump, entry
 
 CRAFTED = Path(__file__).parent / "data" / "crafted"
 ROOT = Path(__file__).resolve().parents[2]
-WALL = bounds.MAX_CPU + 4  # the reader's floor kills it at MAX_CPU + 2 s, whatever it reads
+WALL = 3 * bounds.MAX_CPU + 4  # the reader's floor kills it at 3 MAX_CPU + 2 s, whatever it reads
 MEMORY = "a container counted at each reference to it"
 
 

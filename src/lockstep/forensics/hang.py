@@ -43,7 +43,7 @@ def report(folder: Path, log_text: str | None = None, world: int | None = None,
                "deadline": time.monotonic() + bounds.MAX_SECONDS, "space": bounds.MAX_SPACE,
                "cpu": bounds.MAX_CPU}  # fmt: skip
     argv = [sys.executable, "-I", "-S", "-c", BOOT, str(SRC), os.fspath(folder), json.dumps(options)]  # fmt: skip
-    wall = bounds.MAX_CPU + 2
+    wall = 3 * bounds.MAX_CPU + 2  # its CPU limit first, even with a third of a busy core
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=wall)
     except subprocess.TimeoutExpired:
